@@ -1,0 +1,150 @@
+"""The canonical chain verifier of speculative sampling, and greedy verification.
+
+Leviathan, Kalman & Matias, "Fast Inference from Transformers via Speculative
+Decoding" (ICML 2023), Algorithm 1; Chen et al., "Accelerating Large Language
+Model Decoding with Speculative Sampling" (2023), Algorithm 2.
+
+For each row b and draft position i = 1..K (x_i ~ q_i drafted, u_i ~ U[0, 1)):
+
+* accept x_i iff ``u_i * q_i(x_i) < p_i(x_i)``  (the ratio min(1, p/q) without a
+  division, so q(x) = 0 never divides and p(x) = 0 always rejects);
+* at the first rejection emit one token from the residual
+  ``r_i = (p_i - q_i)+ / sum (p_i - q_i)+`` and stop;
+* when all K drafts are accepted emit a bonus token from ``p_{K+1}``.
+
+The emitted token at every position is then distributed exactly as p, for any q.
+
+Corners, handled explicitly:
+
+* p == q: every draft is accepted (u q < q for u < 1), so the residual, whose
+  mass is 0, is never used;
+* residual mass 0 after a rejection can only come from a drafted token outside
+  q's support (a dishonest drafter) or from float rounding; the row then falls
+  back to sampling p itself, which is the law the residual would represent;
+* one-hot p (temperature 0) and V = 1 need no special code.
+
+Shapes: B batch rows, K draft tokens, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from reference.sampling import sample, uniform
+from specverify.errors import InvalidArgument
+from specverify.validation import check_generator, check_probs, check_shape, check_tokens
+
+__all__ = ["verify", "greedy_verify", "residual_weights", "check_verifier_inputs"]
+
+
+def check_verifier_inputs(target_probs, draft_probs, draft_tokens) -> tuple[int, int, int]:
+    """Validate the verifier protocol's inputs; return ``(B, K, V)``."""
+    check_probs("target_probs", target_probs)
+    if target_probs.ndim != 3:
+        raise InvalidArgument(f"target_probs must have shape (B, K+1, V), got {tuple(target_probs.shape)}")
+    B, K1, V = target_probs.shape
+    if K1 < 2:
+        raise InvalidArgument(f"target_probs must have K+1 >= 2 rows per batch entry (K >= 1), got shape {tuple(target_probs.shape)}")
+    K = K1 - 1
+    check_probs("draft_probs", draft_probs)
+    check_shape("draft_probs", draft_probs, (B, K, V))
+    check_shape("draft_tokens", draft_tokens, (B, K))
+    check_tokens("draft_tokens", draft_tokens, V)
+    return B, K, V
+
+
+def residual_weights(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
+    """Unnormalised residual ``(p - q)+`` in float64, shape of the inputs."""
+    return (target_probs.double() - draft_probs.double()).clamp_min_(0.0)
+
+
+def verify(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    *,
+    generator: torch.Generator,
+    check: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Canonical speculative-sampling verification of one block per row.
+
+    Parameters
+    ----------
+    target_probs : Tensor, shape (B, K+1, V)
+        Target conditionals at the K draft positions plus the bonus position.
+    draft_probs : Tensor, shape (B, K, V)
+        The laws the draft tokens were drawn from.
+    draft_tokens : Tensor, shape (B, K), integer
+        The drafted tokens.
+    generator : torch.Generator
+        The only source of randomness: K uniforms per row, then one residual or
+        bonus draw per row.
+    check : bool
+        Validate the inputs (skip only in trusted hot loops).
+
+    Returns
+    -------
+    tokens : Tensor, shape (B, K+1), long
+        The accepted drafts followed by the residual or bonus token; entries past
+        ``num_emitted`` are 0 and must be ignored.
+    num_emitted : Tensor, shape (B,), long
+        Number of valid entries per row, in [1, K+1].
+    """
+    if check:
+        check_verifier_inputs(target_probs, draft_probs, draft_tokens)
+        check_generator("generator", generator)
+    B, K1, V = target_probs.shape
+    K = K1 - 1
+    draft_tokens = draft_tokens.long()
+    rows = torch.arange(B, device=target_probs.device)  # (B,)
+
+    p_drafted = target_probs[:, :K].gather(-1, draft_tokens[..., None]).squeeze(-1).double()  # (B, K)
+    q_drafted = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1).double()  # (B, K)
+    u = uniform((B, K), generator=generator, device=target_probs.device)  # (B, K)
+    accepted = u * q_drafted < p_drafted  # (B, K)
+    num_accepted = accepted.long().cumprod(-1).sum(-1)  # (B,)
+
+    # The row each sequence samples its last token from: the residual at the first
+    # rejected position, or the target's bonus row p_{K+1} when all K were accepted.
+    target_row = target_probs[rows, num_accepted].double()  # (B, V)
+    draft_row = draft_probs[rows, num_accepted.clamp(max=K - 1)].double()  # (B, V)
+    rejected = (num_accepted < K)[:, None]  # (B, 1)
+    weights = torch.where(rejected, (target_row - draft_row).clamp_min(0.0), target_row)  # (B, V)
+    empty = weights.sum(-1, keepdim=True) <= 0  # (B, 1) residual of mass 0: fall back to p
+    weights = torch.where(empty, target_row, weights)  # (B, V)
+    last = sample(weights, generator=generator, check=False)  # (B,)
+
+    tokens = torch.cat([draft_tokens, torch.zeros_like(draft_tokens[:, :1])], dim=1)  # (B, K+1)
+    tokens[rows, num_accepted] = last
+    return tokens, num_accepted + 1
+
+
+def greedy_verify(target_probs: torch.Tensor, draft_tokens: torch.Tensor, *, check: bool = True):
+    """Greedy verification: accept the longest draft prefix that equals argmax p.
+
+    Then emit the target's argmax at the first mismatch (or the bonus position).
+    Ties in argmax resolve to the lowest token id, as ``torch.argmax`` does.
+
+    Parameters
+    ----------
+    target_probs : Tensor, shape (B, K+1, V)
+    draft_tokens : Tensor, shape (B, K), integer
+
+    Returns
+    -------
+    tokens : Tensor, shape (B, K+1), long
+    num_emitted : Tensor, shape (B,), long
+    """
+    if check:
+        check_probs("target_probs", target_probs)
+        if target_probs.ndim != 3 or target_probs.shape[1] < 2:
+            raise InvalidArgument(f"target_probs must have shape (B, K+1, V) with K >= 1, got {tuple(target_probs.shape)}")
+        B, K1, V = target_probs.shape
+        check_shape("draft_tokens", draft_tokens, (B, K1 - 1))
+        check_tokens("draft_tokens", draft_tokens, V)
+    target_argmax = target_probs.argmax(-1)  # (B, K+1)
+    K = draft_tokens.shape[1]
+    matches = draft_tokens.long() == target_argmax[:, :K]  # (B, K)
+    num_accepted = matches.long().cumprod(-1).sum(-1)  # (B,)
+    # Accepted drafts equal the argmax, so the argmax row is the emitted block.
+    return target_argmax, num_accepted + 1

@@ -1,0 +1,19 @@
+"""The installed packages import and the console script's entry point runs."""
+
+import subprocess
+import sys
+
+
+def test_imports_from_installed_package():
+    code = "import specverify, reference.rules, reference.sampling, specverify.errors; print(specverify.__version__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", check=True)
+    assert out.stdout.strip() == __import__("specverify").__version__
+
+
+def test_cli_version():
+    from specverify.cli import main
+
+    try:
+        main(["--version"])
+    except SystemExit as exit:
+        assert exit.code == 0
