@@ -1,0 +1,64 @@
+"""Statistical correctness reports: one ``Report`` -> ``report.json``, ``report.md``, ``report.html``.
+
+The JSON written by :meth:`specverify.results.Report.to_json` is the record; the
+Markdown and the self-contained HTML (inline CSS, inline base64 PNG plots, no
+JavaScript, no network) are renderings of it.  Rendering is deterministic: the
+same report gives byte-identical files (no timestamps other than those already
+inside the report; fixed figure sizes, DPI and matplotlib style).
+
+Public API
+----------
+``write_report(report, out_dir, *, plots=True) -> dict[str, Path]``
+    Writes the three files atomically (temporary file in ``out_dir`` + ``os.replace``);
+    returns ``{"json": ..., "markdown": ..., "html": ...}``.
+``render_markdown(report, *, max_rows=40) -> str``, ``render_html(report, *, plots=True) -> str``
+``load_report(path) -> Report``
+    Reads ``report.json`` (or a directory holding one). JSON only; never unpickles.
+
+Plots need matplotlib (``pip install specverify[plots]``); it is imported lazily
+inside the plotting code and drawn on an Agg canvas, never at import time of
+specverify.  Without it the text reports are complete and the HTML says that
+plots are unavailable.
+
+Keys read from the report (all optional; absent or malformed -> the section is skipped)
+---------------------------------------------------------------------------------------
+``TestResult.details``
+    ``"observed"``: list[float], observed count per bin (bins in the test's own order);
+    ``"expected"``: list[float], expected count per bin (same length);
+    ``"bin_tokens"``: list[list[int] | int], the token ids pooled in each bin (same length);
+    ``"tokens"``: list[int], emitted tokens that have target probability 0 (support failures);
+    ``"seed"``: int, a per-test seed, if the test drew its own randomness.
+``Report.scenarios`` (one dict per scenario; matched to results by ``"name"`` == ``TestResult.scenario``)
+    ``"name"``: str; ``"vocab_size"``: int (V); ``"k"``: int (draft length K);
+    ``"n"``: int (samples drawn); any key whose name ends in ``"seed"`` (int; listed under
+    *Seeds*); ``"description"``: str; ``"target_probs_preview"`` / ``"draft_probs_preview"``:
+    list[float] of shape (V,) or list[list[float]] of shape (K+1, V) / (K, V): the exact
+    target and draft laws of a small scenario, shown in a failure's counterexample.
+    Every other key is shown verbatim in the configuration table.
+``Report.extra``
+    ``"acceptance"``: ``{scenario_name: entry}`` where ``entry`` is either a list of
+    per-position records ``{"position": int (1-based draft position), "observed_rate": float,
+    "expected_rate": float (the exact sum_x min(p, q)), "n": int (drafts that reached that
+    position)}`` or a dict ``{"positions": [records as above], "length_counts": list[int]
+    (K+1 entries: blocks that accepted 0..K drafts), "length_probs": list[float] (K+1 entries:
+    the exact law of the number of accepted drafts)}`` (each key optional).
+    ``"target"``: str, the ``--target`` factory, used only to build the repro command when
+    ``Report.command`` is empty.
+    Other keys are shown as JSON.
+
+Minimal counterexample (failures)
+---------------------------------
+Among the failing results the report leads with the one from the smallest scenario:
+smallest V*K (``vocab_size`` * ``k``; K defaults to 1, unknown V sorts last), then a result
+that recorded per-bin counts, then smallest N, then smallest p.  It shows that
+scenario's configuration, the target/draft law previews and the observed vs expected
+counts per bin, largest standardised residual first.
+"""
+
+from __future__ import annotations
+
+from specverify.report.html import render_html
+from specverify.report.io import load_report, write_report
+from specverify.report.markdown import render_markdown
+
+__all__ = ["write_report", "render_markdown", "render_html", "load_report"]

@@ -1,0 +1,241 @@
+"""Self-contained HTML rendering of a :class:`~specverify.results.Report` (``report.html``).
+
+One file: inline CSS, plots as inline ``data:image/png;base64`` images, no
+JavaScript, no external resources, so it can be attached to a CI run or mailed.
+Every string from the report passes through :func:`html.escape`.  The section
+order matches the Markdown (:mod:`specverify.report.markdown`); the test table
+shows every test, the ones past the first 50 inside a ``<details>`` element.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from typing import Any, Iterable, Mapping, Sequence
+
+from specverify.report import content as c
+from specverify.report.plots import PlotSet, render_plots
+from specverify.results import FAIL, PASS, SUSPICIOUS, Report, TestResult
+
+__all__ = ["render_html"]
+
+VISIBLE_ROWS = 50
+
+CSS = """
+body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;font-size:15px;line-height:1.45;
+color:#1f2328;max-width:1100px;margin:24px auto;padding:0 20px}
+h1{font-size:24px;margin:0 0 4px} h2{font-size:19px;border-bottom:1px solid #d0d7de;padding-bottom:4px;margin-top:28px}
+.meta{color:#57606a;margin-bottom:14px} code,pre{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:13px}
+pre{background:#f6f8fa;border:1px solid #d0d7de;border-radius:6px;padding:10px;overflow-x:auto;white-space:pre-wrap}
+.badge{display:inline-block;padding:2px 10px;border-radius:12px;color:#fff;font-weight:600;font-size:14px;
+vertical-align:middle}
+.verdict{border-left:6px solid;padding:10px 14px;border-radius:4px;margin:12px 0}
+.v-pass{border-color:#2e7d32;background:#edf7ee} .v-suspicious{border-color:#ef8f00;background:#fff6e5}
+.v-fail{border-color:#c62828;background:#fdecea} .v-other{border-color:#607d8b;background:#eef2f4}
+.b-pass{background:#2e7d32} .b-suspicious{background:#ef8f00} .b-fail{background:#c62828} .b-other{background:#607d8b}
+.errors{border:2px solid #c62828;background:#fdecea;border-radius:6px;padding:4px 14px 10px;margin:14px 0}
+.errors h2{border:none;color:#b71c1c;margin-top:8px}
+.errors pre{background:#fff;border-color:#e57373}
+table{border-collapse:collapse;margin:8px 0 14px;font-size:13px}
+th,td{border:1px solid #d0d7de;padding:3px 8px;text-align:left;vertical-align:top}
+th{background:#f6f8fa} td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+td.method{color:#57606a;font-size:12px}
+tr.g-fail td{background:#fdecea} tr.g-suspicious td{background:#fff6e5}
+figure{margin:14px 0} figure img{max-width:100%;height:auto;border:1px solid #d0d7de}
+figcaption{color:#57606a;font-size:13px} .note{color:#57606a;font-size:13px}
+details summary{cursor:pointer;font-weight:600;margin:6px 0}
+"""
+
+
+def esc(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+_COLUMN_CLASS = {"r": "num", "m": "method"}
+
+
+def _cls(verdict: Any) -> str:
+    return verdict if verdict in (PASS, SUSPICIOUS, FAIL) else "other"
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[str]], numeric: str = "", row_classes=None) -> str:
+    """``rows`` hold already-escaped HTML; ``numeric`` marks right-aligned columns "r", muted ones "m"."""
+    out = ["<table><thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr></thead><tbody>"]
+    for i, row in enumerate(rows):
+        cls = f' class="{row_classes[i]}"' if row_classes and row_classes[i] else ""
+        cells = "".join(
+            f'<td class="{_COLUMN_CLASS[numeric[j:j + 1]]}">{cell}</td>' if numeric[j:j + 1] in _COLUMN_CLASS
+            else f"<td>{cell}</td>"
+            for j, cell in enumerate(row)
+        )
+        out.append(f"<tr{cls}>{cells}</tr>")
+    return "\n".join(out) + "</tbody></table>"
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, (dict, list, tuple)):
+        return f"<code>{esc(json.dumps(value, default=str, allow_nan=True))}</code>"
+    return f"<code>{esc(value)}</code>"
+
+
+def _result_rows(results: Sequence[TestResult], start: int) -> tuple[list[list[str]], list[str]]:
+    rows, classes = [], []
+    for i, r in enumerate(results):
+        grade = r.grade or "?"
+        rows.append([
+            str(start + i), f"<b>{esc(grade.upper())}</b>" if grade in (FAIL, SUSPICIOUS) else esc(grade),
+            esc(r.family), esc(r.name), esc(r.scenario), esc(r.position), esc(c.fmt_int(r.n)),
+            esc(c.fmt(r.statistic, ".4g")), esc(c.fmt(r.pvalue)), esc(c.fmt(r.adjusted_pvalue)),
+            esc(c.fmt(r.alpha)), esc(c.fmt(r.mde_tv)), esc(r.method),
+        ])
+        classes.append(f"g-{r.grade}" if r.grade in (FAIL, SUSPICIOUS) else "")
+    return rows, classes
+
+
+RESULT_HEADER = ["#", "grade", "family", "test", "scenario", "position", "N", "statistic", "p", "adjusted p",
+                 "alpha", "detectable TV", "method"]
+RESULT_NUMERIC = "r.....rrrrrrm"
+
+
+def _tests_section(report: Report) -> list[str]:
+    results = c.worst_first(report.results)
+    counts = {g: sum(r.grade == g for r in results) for g in (FAIL, SUSPICIOUS, PASS)}
+    out = [f"<h2>Tests, worst first ({len(results)}: {counts[FAIL]} failed, {counts[SUSPICIOUS]} suspicious, "
+           f"{counts[PASS]} passed)</h2>"]
+    if not results:
+        return out + ["<p>No statistical tests ran.</p>"]
+    rows, classes = _result_rows(results[:VISIBLE_ROWS], 1)
+    out.append(table(RESULT_HEADER, rows, RESULT_NUMERIC, classes))
+    rest = results[VISIBLE_ROWS:]
+    if rest:
+        rows, classes = _result_rows(rest, VISIBLE_ROWS + 1)
+        out.append(f"<details><summary>{len(rest)} more tests</summary>")
+        out.append(table(RESULT_HEADER, rows, RESULT_NUMERIC, classes) + "</details>")
+    out.append('<p class="note">Detectable TV: the binned total-variation distance the test detects with power '
+               "0.9 at its allocated alpha.</p>")
+    return out
+
+
+def _counterexample_section(report: Report) -> list[str]:
+    ce = c.counterexample(report)
+    if ce is None:
+        return []
+    r = ce.result
+    out = [
+        "<h2>Minimal counterexample</h2>",
+        f"<p>The smallest failing scenario: <code>{esc(r.family)}/{esc(r.name)}</code> at scenario "
+        f"<code>{esc(r.scenario or '?')}</code>, position <code>{esc(r.position or '?')}</code>: statistic "
+        f"{esc(c.fmt(r.statistic, '.4g'))}, p={esc(c.fmt(r.pvalue))}, adjusted p={esc(c.fmt(r.adjusted_pvalue))}, "
+        f"N={esc(c.fmt_int(r.n))} ({esc(r.method)}).</p>",
+    ]
+    sc = ce.scenario
+    if sc:
+        config = ", ".join(f"{esc(k)}={_value(v)}" for k, v in sc.items() if not str(k).endswith("_preview"))
+        out.append(f"<p>Scenario: {config}.</p>")
+        for key, label in (("target_probs_preview", "Target law p"), ("draft_probs_preview", "Draft law q")):
+            if key in sc:
+                shown = c.preview(sc[key])
+                text = "\n".join(shown) if isinstance(shown, list) else shown
+                out.append(f"<p>{esc(label)}:</p><pre>{esc(text)}</pre>")
+    else:
+        out.append(f"<p>No configuration recorded for scenario <code>{esc(r.scenario or '?')}</code>.</p>")
+    details = r.details if isinstance(r.details, Mapping) else {}
+    if details.get("tokens"):
+        out.append(f"<p>Emitted tokens with target probability 0: {_value(details['tokens'])}.</p>")
+    if ce.rows:
+        out.append(f"<p>Observed vs expected counts ({len(ce.rows)} of {len(ce.counts[0])} bins, largest "
+                   "standardised residual first):</p>")
+        out.append(table(
+            ["bin (tokens)", "observed", "expected", "obs - exp", "(obs - exp)/sqrt(exp)"],
+            ([esc(label), esc(c.fmt(o, ".6g")), esc(c.fmt(e, ".6g")), esc(c.fmt(o - e, ".4g")),
+              esc(c.fmt(z, ".3g"))] for label, o, e, z in ce.rows),
+            ".rrrr",
+        ))
+    else:
+        out.append('<p class="note">This test recorded no per-bin counts (details keys "observed"/"expected").</p>')
+    return out
+
+
+def _acceptance_section(report: Report) -> list[str]:
+    sections = c.acceptance(report)
+    if not sections:
+        return []
+    out = ["<h2>Acceptance vs its exact expectation</h2>"]
+    for sc in sections:
+        out.append(f"<p>Scenario <code>{esc(sc.name)}</code>:</p>")
+        if sc.rows:
+            rows = []
+            for a in sc.rows:
+                se = (a.expected * (1 - a.expected) / a.n) ** 0.5 if a.n else None
+                z = (a.observed - a.expected) / se if se else None
+                rows.append([esc(a.position), esc(c.fmt(a.observed, ".4f")), esc(c.fmt(a.expected, ".4f")),
+                             esc(c.fmt_int(a.n)), esc(c.fmt(z, ".3g"))])
+            out.append(table(["draft position", "observed rate", "expected rate", "N", "z"], rows, ".rrrr"))
+        if sc.length_counts:
+            total = sum(sc.length_counts) or 1.0
+            rows = [[str(i), esc(c.fmt_int(o)), esc(c.fmt(o / total, ".4f")), esc(c.fmt(p, ".4f"))]
+                    for i, (o, p) in enumerate(zip(sc.length_counts, sc.length_probs))]
+            out.append(table(["accepted drafts", "blocks", "observed fraction", "exact probability"], rows, "rrrr"))
+    return out
+
+
+def _plots_section(plot_set: PlotSet | None) -> list[str]:
+    out = ["<h2>Plots</h2>"]
+    if plot_set is None:
+        return out + ['<p class="note">Plots were not requested (plots=False).</p>']
+    if plot_set.unavailable:
+        return out + [f'<p class="note">{esc(plot_set.unavailable)}</p>']
+    if not plot_set.plots:
+        return out + ['<p class="note">The report holds no data to plot.</p>']
+    for p in plot_set.plots:
+        out.append(f'<figure><img src="data:image/png;base64,{p.png_base64}" alt="{esc(p.title)}">'
+                   f"<figcaption>{esc(p.caption)}</figcaption></figure>")
+    return out
+
+
+def _mapping_section(title: str, data: Any) -> list[str]:
+    if not isinstance(data, Mapping) or not data:
+        return []
+    return [f"<h2>{esc(title)}</h2>", table(["key", "value"], [[esc(k), _value(v)] for k, v in data.items()])]
+
+
+def render_html(report: Report, *, plots: bool = True) -> str:
+    """Render ``report`` as one self-contained HTML page (plots inline when matplotlib is available)."""
+    results = report.results
+    verdict = report.verdict.upper() if isinstance(report.verdict, str) else str(report.verdict)
+    total_time = report.timings.get("total") if isinstance(report.timings, Mapping) else None
+    cls = _cls(report.verdict)
+    title = f"specverify {report.kind} audit of {report.implementation}: {verdict}"
+    body = [
+        f'<h1>specverify {esc(report.kind)} audit <span class="badge b-{cls}">{esc(verdict)}</span></h1>',
+        f'<div class="meta">implementation <code>{esc(report.implementation)}</code> · tier '
+        f"<code>{esc(report.tier)}</code> · seed <code>{esc(report.seed)}</code> · alpha "
+        f"{esc(c.fmt(report.alpha))} · {len(results)} tests · time {esc(c.fmt(total_time, '.1f', 'n/a'))} s</div>",
+        f'<div class="verdict v-{cls}">{esc(c.verdict_paragraph(report))}</div>',
+    ]
+    if report.errors:
+        body.append(f'<div class="errors"><h2>Implementation errors ({len(report.errors)})</h2>')
+        body += [f"<pre>{esc(e)}</pre>" for e in report.errors]
+        body.append("</div>")
+    body += _counterexample_section(report)
+    body += ["<h2>Reproduce</h2>", f"<pre>{esc(c.repro_command(report))}</pre>",
+             table(["seed", "value"], [[esc(k), _value(v)] for k, v in c.seeds(report)])]
+    body += _tests_section(report)
+    body += _plots_section(render_plots(report) if plots else None)
+    body += _acceptance_section(report)
+    if report.scenarios:
+        body.append("<h2>Scenarios</h2><ul>")
+        for sc in report.scenarios:
+            if isinstance(sc, Mapping):
+                items = ", ".join(f"{esc(k)}={_value(v)}" for k, v in sc.items() if not str(k).endswith("_preview"))
+            else:
+                items = _value(sc)
+            body.append(f"<li>{items}</li>")
+        body.append("</ul>")
+    body += _mapping_section("Timings (seconds)", report.timings)
+    body += _mapping_section("Environment", report.environment)
+    body += _mapping_section("Other sections", c.other_extra(report))
+    head = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{esc(title)}</title><style>{CSS}</style></head><body>")
+    return head + "\n" + "\n".join(body) + "\n</body></html>\n"

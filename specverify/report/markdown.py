@@ -1,0 +1,230 @@
+"""Markdown rendering of a :class:`~specverify.results.Report` (``report.md``).
+
+Order: title and one-line configuration, the verdict paragraph, implementation
+errors, the minimal counterexample (failures), the repro command and seeds, the
+test table worst first (capped at ``max_rows`` with an "N more" line), a pointer to
+the plots, acceptance tables,
+configuration, timings, environment and other sections.  Every string taken from
+the report is escaped (CommonMark backslash escapes, code spans with a long
+enough fence) so that an implementation name such as ``<script>`` stays text.
+Plots live in ``report.html`` only (Markdown viewers do not show data URIs).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Iterable, Mapping, Sequence
+
+from specverify.report import content as c
+from specverify.results import FAIL, PASS, SUSPICIOUS, Report, TestResult
+
+__all__ = ["render_markdown", "md_text", "md_code"]
+
+# ``_`` is left alone: intraword underscores never emphasise in CommonMark, and names are full of them.
+_MD_SPECIAL = re.compile(r"([\\`*{}\[\]<>|#!~])")
+
+
+def md_text(value: Any) -> str:
+    """Escape text for Markdown prose or a table cell (one line)."""
+    text = " ".join(str(value).split())
+    return _MD_SPECIAL.sub(r"\\\1", text)
+
+
+def md_code(value: Any) -> str:
+    """An inline code span holding ``value`` literally (pipes escaped for tables)."""
+    text = " ".join(str(value).split()).replace("|", "\\|")
+    runs = [len(m) for m in re.findall(r"`+", text)]
+    fence = "`" * (max(runs, default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") or not text else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def md_block(value: Any, lang: str = "") -> list[str]:
+    """A fenced code block holding ``value`` literally."""
+    text = str(value)
+    runs = [len(m) for m in re.findall(r"`{3,}", text)]
+    fence = "`" * max(3, max(runs, default=0) + 1)
+    return [f"{fence}{lang}", text, fence]
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[str]], align: str | None = None) -> list[str]:
+    align = align or "l" * len(header)
+    marks = {"l": "---", "r": "--:", "c": ":-:"}
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(marks[a] for a in align) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+GRADE_BADGE = {FAIL: "**FAIL**", SUSPICIOUS: "**suspicious**", PASS: "pass"}
+
+
+def result_row(i: int, r: TestResult) -> list[str]:
+    return [
+        str(i),
+        GRADE_BADGE.get(r.grade, md_text(r.grade or "?")),
+        md_code(r.family),
+        md_code(r.name),
+        md_code(r.scenario) if r.scenario else "",
+        md_code(r.position) if r.position else "",
+        c.fmt_int(r.n),
+        c.fmt(r.statistic, ".4g"),
+        c.fmt(r.pvalue),
+        c.fmt(r.adjusted_pvalue),
+        c.fmt(r.alpha),
+        c.fmt(r.mde_tv),
+    ]
+
+
+RESULT_HEADER = ["#", "grade", "family", "test", "scenario", "position", "N", "statistic", "p",
+                 "adjusted p", "alpha", "detectable TV"]
+RESULT_ALIGN = "rllllllrrrrr"
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, (dict, list, tuple)):
+        return md_code(json.dumps(value, default=str, allow_nan=True))
+    return md_code(value)
+
+
+def counterexample_lines(report: Report) -> list[str]:
+    ce = c.counterexample(report)
+    if ce is None:
+        return []
+    r = ce.result
+    lines = [
+        "## Minimal counterexample",
+        "",
+        f"The smallest failing scenario: {md_code(r.family + '/' + r.name)} at scenario "
+        f"{md_code(r.scenario or '?')}, position {md_code(r.position or '?')}: statistic "
+        f"{c.fmt(r.statistic, '.4g')}, p={c.fmt(r.pvalue)}, adjusted p={c.fmt(r.adjusted_pvalue)}, "
+        f"N={c.fmt_int(r.n)} ({md_text(r.method)}).",
+        "",
+    ]
+    sc = ce.scenario
+    if sc:
+        config = [f"{md_text(k)}={_value(v)}" for k, v in sc.items() if not str(k).endswith("_preview")]
+        lines += ["Scenario: " + ", ".join(config) + ".", ""]
+        for key, label in (("target_probs_preview", "Target law p"), ("draft_probs_preview", "Draft law q")):
+            if key in sc:
+                shown = c.preview(sc[key])
+                if isinstance(shown, list):
+                    lines += [f"{label}:", ""] + [f"- {md_text(s)}" for s in shown] + [""]
+                else:
+                    lines += [f"{label}: {md_text(shown)}", ""]
+    else:
+        lines += [f"(No configuration recorded for scenario {md_code(r.scenario or '?')}.)", ""]
+    details = r.details if isinstance(r.details, Mapping) else {}
+    if details.get("tokens"):
+        lines += [f"Emitted tokens with target probability 0: {_value(details['tokens'])}.", ""]
+    if ce.rows:
+        total = len(ce.counts[0])
+        lines += [
+            f"Observed vs expected counts ({len(ce.rows)} of {total} bins, largest standardised residual first):",
+            "",
+        ]
+        lines += table(
+            ["bin (tokens)", "observed", "expected", "obs - exp", "(obs - exp)/sqrt(exp)"],
+            (
+                [md_text(label), c.fmt(o, ".6g"), c.fmt(e, ".6g"), c.fmt(o - e, ".4g"), c.fmt(z, ".3g")]
+                for label, o, e, z in ce.rows
+            ),
+            "lrrrr",
+        )
+        lines.append("")
+    else:
+        lines += ["This test recorded no per-bin counts (details keys \"observed\"/\"expected\").", ""]
+    return lines
+
+
+def acceptance_lines(report: Report) -> list[str]:
+    sections = c.acceptance(report)
+    if not sections:
+        return []
+    lines = ["## Acceptance vs its exact expectation", ""]
+    for sc in sections:
+        lines += [f"Scenario {md_code(sc.name)}:", ""]
+        if sc.rows:
+            rows = []
+            for a in sc.rows:
+                se = (a.expected * (1 - a.expected) / a.n) ** 0.5 if a.n else None
+                z = (a.observed - a.expected) / se if se else None
+                rows.append([md_text(a.position), c.fmt(a.observed, ".4f"), c.fmt(a.expected, ".4f"),
+                             c.fmt_int(a.n), c.fmt(z, ".3g")])
+            lines += table(["draft position", "observed rate", "expected rate", "N", "z"], rows, "lrrrr") + [""]
+        if sc.length_counts:
+            total = sum(sc.length_counts) or 1.0
+            rows = [[str(i), c.fmt_int(o), c.fmt(o / total, ".4f"), c.fmt(p, ".4f")]
+                    for i, (o, p) in enumerate(zip(sc.length_counts, sc.length_probs))]
+            lines += table(["accepted drafts", "blocks", "observed fraction", "exact probability"], rows,
+                           "rrrr") + [""]
+    return lines
+
+
+def mapping_lines(title: str, data: Any) -> list[str]:
+    if not isinstance(data, Mapping) or not data:
+        return []
+    rows = [[md_code(k), _value(v)] for k, v in data.items()]
+    return [f"## {title}", ""] + table(["key", "value"], rows) + [""]
+
+
+def render_markdown(report: Report, *, max_rows: int = 40) -> str:
+    """Render ``report`` as Markdown; the test table shows the ``max_rows`` worst tests."""
+    results = c.worst_first(report.results)
+    counts = {g: sum(r.grade == g for r in results) for g in (FAIL, SUSPICIOUS, PASS)}
+    total_time = report.timings.get("total") if isinstance(report.timings, Mapping) else None
+    lines = [
+        f"# specverify {md_text(report.kind)} audit: {md_text(str(report.verdict).upper())}",
+        "",
+        f"Implementation {md_code(report.implementation)} · tier {md_code(report.tier)} · seed "
+        f"{md_code(report.seed)} · alpha {c.fmt(report.alpha)} · {len(results)} tests · time "
+        f"{c.fmt(total_time, '.1f', 'n/a')} s",
+        "",
+        md_text(c.verdict_paragraph(report)),
+        "",
+    ]
+    if report.errors:
+        lines += [f"## Implementation errors ({len(report.errors)})", ""]
+        for e in report.errors:
+            lines += md_block(e) + [""]
+    lines += counterexample_lines(report)
+    lines += ["## Reproduce", ""] + md_block(c.repro_command(report), "sh") + [""]
+    lines += table(["seed", "value"], [[md_text(k), _value(v)] for k, v in c.seeds(report)]) + [""]
+
+    lines += [
+        f"## Tests, worst first ({len(results)}: {counts[FAIL]} failed, {counts[SUSPICIOUS]} suspicious, "
+        f"{counts[PASS]} passed)",
+        "",
+    ]
+    if results:
+        shown = results[:max_rows]
+        lines += table(RESULT_HEADER, (result_row(i + 1, r) for i, r in enumerate(shown)), RESULT_ALIGN)
+        rest = results[len(shown):]
+        if rest:
+            rest_counts = ", ".join(
+                f"{sum(r.grade == g for r in rest)} {g}" for g in (FAIL, SUSPICIOUS, PASS)
+                if any(r.grade == g for r in rest)
+            )
+            lines += ["", f"... and {len(rest)} more tests ({rest_counts}); all are in report.json and report.html."]
+        lines += [
+            "",
+            "Detectable TV: the binned total-variation distance this test detects with power 0.9 at its alpha.",
+        ]
+    else:
+        lines.append("No statistical tests ran.")
+    lines.append("")
+    lines += ["## Plots", "", "Plots are embedded in report.html.", ""]
+    lines += acceptance_lines(report)
+    if report.scenarios:
+        lines += ["## Scenarios", ""]
+        for i, sc in enumerate(report.scenarios):
+            if isinstance(sc, Mapping):
+                items = ", ".join(f"{md_text(k)}={_value(v)}" for k, v in sc.items() if not str(k).endswith("_preview"))
+                lines.append(f"- {items}")
+            else:
+                lines.append(f"- {_value(sc)}")
+        lines.append("")
+    lines += mapping_lines("Timings (seconds)", report.timings)
+    lines += mapping_lines("Environment", report.environment)
+    lines += mapping_lines("Other sections", c.other_extra(report))
+    return "\n".join(lines).rstrip("\n") + "\n"
