@@ -1,0 +1,49 @@
+"""Statistics core of specverify: exact goodness of fit, two-sample, directed,
+acceptance and independence tests, power statements, the run's error budget and
+anytime-valid e-processes.  Every test returns a :class:`specverify.results.TestResult`.
+
+Modules: :mod:`.binning` (bins fixed from p and N), :mod:`.gof` (Cressie-Read GOF,
+support), :mod:`.twosample`, :mod:`.directed` (PIT, scores, acceptance),
+:mod:`.independence` (collisions), :mod:`.power` (detectable TV), :mod:`.budget`
+(weighted Holm, grades), :mod:`.eprocess`.  See design.md, "Statistical design".
+"""
+
+from .binning import Bins, bin_counts, make_bins, p_order
+from .budget import DEFAULT_FAMILY_WEIGHTS, UNKNOWN_FAMILY_WEIGHT, grade, holm_adjust, verdict
+from .directed import acceptance_test, entropy_scores, pit_test, randomised_pit, ratio_scores, score_test
+from .eprocess import DEFAULT_LOG10_C, CategoricalEProcess, sequential_gof
+from .gof import gof_test, support_test
+from .independence import collision_moments, collision_test
+from .power import min_detectable_tv, noncentrality_needed, samples_needed
+from .twosample import two_sample_test
+from ._common import cressie_read
+
+__all__ = [
+    "Bins",
+    "make_bins",
+    "bin_counts",
+    "p_order",
+    "gof_test",
+    "support_test",
+    "two_sample_test",
+    "randomised_pit",
+    "pit_test",
+    "entropy_scores",
+    "ratio_scores",
+    "score_test",
+    "acceptance_test",
+    "collision_test",
+    "collision_moments",
+    "min_detectable_tv",
+    "samples_needed",
+    "noncentrality_needed",
+    "grade",
+    "verdict",
+    "holm_adjust",
+    "DEFAULT_FAMILY_WEIGHTS",
+    "UNKNOWN_FAMILY_WEIGHT",
+    "CategoricalEProcess",
+    "sequential_gof",
+    "DEFAULT_LOG10_C",
+    "cressie_read",
+]

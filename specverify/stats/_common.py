@@ -1,0 +1,138 @@
+"""Shared helpers of the statistics package: input conversion, validation, Cressie-Read.
+
+Every public statistic accepts numpy arrays, torch tensors or sequences and computes
+in float64.  Bad input raises :class:`specverify.errors.InvalidArgument` naming the
+argument and the offending value.
+
+References: N. Cressie and T. R. C. Read, "Multinomial goodness-of-fit tests",
+JRSS B 46 (1984) 440-464 (the power-divergence family; lambda = 2/3 is their
+recommended compromise between Pearson's X^2 and the likelihood-ratio G^2).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from specverify.errors import InvalidArgument
+
+__all__ = [
+    "as_float_array",
+    "as_counts",
+    "as_probs",
+    "check_alpha",
+    "check_e_min",
+    "cressie_read",
+    "CR_LAMBDA",
+]
+
+#: Cressie-Read power-divergence exponent used by every binned test.
+CR_LAMBDA = 2.0 / 3.0
+
+
+def _to_numpy(name: str, value) -> np.ndarray:
+    if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch tensor
+        value = value.detach().cpu().numpy()
+    try:
+        arr = np.asarray(value)
+    except Exception as exc:  # pragma: no cover - exotic inputs
+        raise InvalidArgument(f"{name} must be array-like, got {type(value).__name__}") from exc
+    if arr.dtype == object:
+        raise InvalidArgument(f"{name} must be a numeric array, got {value!r:.80}")
+    return arr
+
+
+def _where(index: tuple) -> str:
+    return ", ".join(str(int(i)) for i in index)
+
+
+def as_float_array(name: str, value, *, ndim: int | None = None, nonneg: bool = False) -> np.ndarray:
+    """``value`` as a finite float64 array (optionally of ``ndim`` dimensions, >= 0)."""
+    arr = _to_numpy(name, value)
+    if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+        raise InvalidArgument(f"{name} must have a real numeric dtype, got {arr.dtype}")
+    arr = arr.astype(np.float64, copy=False)
+    if ndim is not None and arr.ndim != ndim:
+        raise InvalidArgument(f"{name} must have {ndim} dimension(s), got shape {arr.shape}")
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        i = np.unravel_index(int(np.flatnonzero(bad)[0]), arr.shape)
+        raise InvalidArgument(f"{name}[{_where(i)}] is {arr[i]} (must be finite)")
+    if nonneg:
+        neg = arr < 0
+        if neg.any():
+            i = np.unravel_index(int(np.flatnonzero(neg)[0]), arr.shape)
+            raise InvalidArgument(f"{name}[{_where(i)}] is {arr[i]} (must be >= 0)")
+    return arr
+
+
+def as_counts(name: str, value, *, ndim: int = 1) -> np.ndarray:
+    """Non-negative integer counts as an int64 array (integer-valued floats are accepted)."""
+    arr = as_float_array(name, value, ndim=ndim, nonneg=True)
+    frac = arr != np.floor(arr)
+    if frac.any():
+        i = np.unravel_index(int(np.flatnonzero(frac)[0]), arr.shape)
+        raise InvalidArgument(f"{name}[{_where(i)}] is {arr[i]} (counts must be integers)")
+    return arr.astype(np.int64)
+
+
+def as_probs(name: str, value, *, ndim: int = 1, size: int | None = None) -> np.ndarray:
+    """Non-negative float64 weights with positive row sums, renormalised over the last axis."""
+    arr = as_float_array(name, value, ndim=ndim, nonneg=True)
+    if arr.shape[-1] < 1:
+        raise InvalidArgument(f"{name} must have a non-empty last (vocabulary) dimension, got shape {arr.shape}")
+    if size is not None and arr.shape[-1] != size:
+        raise InvalidArgument(f"{name} must have {size} entries in its last dimension, got shape {arr.shape}")
+    sums = arr.sum(axis=-1, keepdims=True)
+    zero = sums[..., 0] <= 0
+    if np.any(zero):
+        i = np.unravel_index(int(np.flatnonzero(zero)[0]), zero.shape) if zero.ndim else ()
+        raise InvalidArgument(f"{name}[{_where(i)}] sums to 0 (expected a positive sum)")
+    return arr / sums
+
+
+def check_alpha(name: str, value) -> float:
+    """``value`` as a float in (0, 1)."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"{name} must be a number in (0, 1), got {value!r}") from None
+    if not 0.0 < value < 1.0:
+        raise InvalidArgument(f"{name} must be in (0, 1), got {value!r}")
+    return value
+
+
+def check_e_min(value) -> float:
+    """Minimum expected count per bin: a finite number > 0."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"e_min must be a positive number, got {value!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise InvalidArgument(f"e_min must be a positive finite number, got {value!r}")
+    return value
+
+
+def cressie_read(observed: np.ndarray, expected: np.ndarray, lambda_: float = CR_LAMBDA) -> float:
+    """Cressie-Read power divergence 2/(l(l+1)) sum O((O/E)^l - 1) for sum O == sum E.
+
+    Written as a sum of non-negative terms ``O((O/E)^l - 1) - l (O - E)`` (the added
+    terms sum to zero when the totals agree), so no cancellation between cells; equals
+    ``scipy.stats.power_divergence(O, E, lambda_="cressie-read")`` for equal totals.
+    """
+    observed = np.asarray(observed, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    pos = observed > 0
+    terms = lambda_ * (expected - observed)  # the O = 0 cells contribute l E
+    ratio = np.log(observed[pos] / expected[pos])
+    terms[pos] += observed[pos] * np.expm1(lambda_ * ratio)
+    return float(2.0 / (lambda_ * (lambda_ + 1.0)) * np.sum(np.maximum(terms, 0.0)))
+
+
+def result_options(name: str, scenario: str, position: str) -> dict:
+    """Validate the common keyword options of every test."""
+    for key, value in (("name", name), ("scenario", scenario), ("position", position)):
+        if not isinstance(value, str):
+            raise InvalidArgument(f"{key} must be a str, got {value!r}")
+    return {"name": name, "scenario": scenario, "position": position}

@@ -1,0 +1,192 @@
+"""One error budget per run: weighted Holm across test families, PractRand-style grades.
+
+Each test i gets weight ``w_i = W_f / n_f`` (its family's weight W_f, renormalised
+over the families present in the run, split equally among the n_f tests of the
+family), so the weights sum to 1.  Weighted Holm (Holm 1979, sec. 3): sort the tests
+by ``p_i / w_i``; the adjusted p-value of the j-th is
+
+    p~_(j) = max_{k <= j} min(1, p_(k) * (sum_{l >= k} w_(l)) / w_(k)),
+
+and a test FAILS iff ``p~ <= alpha``: exactly the hypotheses weighted Holm rejects at
+family-wise error rate alpha (strong control, any dependence between tests).  A test
+is SUSPICIOUS iff ``alpha < p~ <= min(1, suspicious_factor * alpha)`` (warns, does not
+fail the gate).  Each result's ``alpha`` is set to its first-step share ``w_i * alpha``
+and its ``mde_tv`` is recomputed at that level.
+
+References: S. Holm, "A simple sequentially rejective multiple test procedure",
+Scand. J. Statist. 6 (1979) 65-70; PractRand / TestU01 grading conventions.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from specverify.errors import InvalidArgument
+from specverify.results import FAIL, PASS, SUSPICIOUS, TestResult
+
+from ._common import check_alpha
+from .power import min_detectable_tv
+
+__all__ = ["DEFAULT_FAMILY_WEIGHTS", "UNKNOWN_FAMILY_WEIGHT", "holm_adjust", "grade", "verdict"]
+
+#: Default budget share of each family (renormalised over the families present).
+#: Goodness of fit against exact laws is the primary evidence; directed tests and the
+#: two-sample comparison the next; the rest are cheap consistency checks.  Support,
+#: greedy and protocol checks are exact (p-values 0 or 1), so their share barely matters.
+DEFAULT_FAMILY_WEIGHTS: Mapping[str, float] = {
+    "gof": 0.30,
+    "directed": 0.15,
+    "two_sample": 0.15,
+    "acceptance": 0.10,
+    "independence": 0.10,
+    "consistency": 0.10,
+    "support": 0.04,
+    "greedy": 0.03,
+    "protocol": 0.03,
+}
+#: Weight of a family missing from the default table.
+UNKNOWN_FAMILY_WEIGHT = 0.10
+
+
+def holm_adjust(pvalues, weights) -> np.ndarray:
+    """Weighted-Holm adjusted p-values (weights positive; renormalised to sum 1).
+
+    Deterministic: ties in ``p / w`` are broken by input order.
+    """
+    p = np.asarray(pvalues, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    if p.shape != w.shape or p.ndim != 1:
+        raise InvalidArgument(f"pvalues and weights must be 1-D of equal length, got {p.shape} and {w.shape}")
+    if p.size == 0:
+        return p.copy()
+    if np.any(~np.isfinite(p)) or np.any((p < 0) | (p > 1)):
+        i = int(np.flatnonzero(~np.isfinite(p) | (p < 0) | (p > 1))[0])
+        raise InvalidArgument(f"pvalues[{i}] is {p[i]} (must be in [0, 1])")
+    if np.any(~np.isfinite(w)) or np.any(w <= 0):
+        i = int(np.flatnonzero(~np.isfinite(w) | (w <= 0))[0])
+        raise InvalidArgument(f"weights[{i}] is {w[i]} (must be > 0)")
+    w = w / w.sum()
+    order = np.lexsort((np.arange(p.size), p / w))
+    w_sorted = w[order]
+    remaining = np.cumsum(w_sorted[::-1])[::-1]  # sum_{l >= k} w_(l)
+    steps = np.minimum(1.0, p[order] * remaining / w_sorted)
+    adjusted_sorted = np.maximum.accumulate(steps)
+    adjusted = np.empty_like(p)
+    adjusted[order] = adjusted_sorted
+    return adjusted
+
+
+def _weights(results, family_weights) -> np.ndarray:
+    explicit = family_weights is not None
+    table = dict(DEFAULT_FAMILY_WEIGHTS if family_weights is None else family_weights)
+    fams = [r.family for r in results]
+    sizes: dict[str, int] = {}
+    for f in fams:
+        sizes[f] = sizes.get(f, 0) + 1
+    for f in sizes:
+        if f not in table:
+            if explicit:
+                raise InvalidArgument(f"family_weights has no weight for family {f!r} (given: {sorted(table)})")
+            table[f] = UNKNOWN_FAMILY_WEIGHT
+        wf = table[f]
+        if not (isinstance(wf, (int, float)) and math.isfinite(wf) and wf > 0):
+            raise InvalidArgument(f"family_weights[{f!r}] must be a positive number, got {wf!r}")
+    total = sum(table[f] for f in sizes)
+    return np.array([table[f] / total / sizes[f] for f in fams], dtype=np.float64)
+
+
+def grade(
+    results: Iterable[TestResult],
+    *,
+    alpha: float = 1e-3,
+    family_weights: Mapping[str, float] | None = None,
+    suspicious_factor: float = 100.0,
+) -> tuple[TestResult, ...]:
+    """Grade a run's results under one family-wise error budget (weighted Holm).
+
+    Parameters
+    ----------
+    results : iterable of TestResult
+        Ungraded (or previously graded; grading is redone from ``pvalue``) results.
+    alpha : float, default 1e-3
+        Family-wise error rate of the whole run.
+    family_weights : mapping family -> weight, optional
+        Budget share per family, renormalised over the families present; default
+        :data:`DEFAULT_FAMILY_WEIGHTS` (unknown families get
+        :data:`UNKNOWN_FAMILY_WEIGHT`).  With an explicit mapping every family present
+        must have a positive weight.
+    suspicious_factor : float, default 100
+        SUSPICIOUS when the adjusted p-value is within this factor of alpha.
+
+    Returns
+    -------
+    tuple of TestResult
+        In input order, with ``alpha`` (the allocated share ``w_i * alpha``),
+        ``adjusted_pvalue``, ``grade`` and ``mde_tv`` (at the allocated alpha) set.
+
+    Notes
+    -----
+    Controls the probability of any FAIL at ``alpha`` when every test's p-value is
+    valid (super-uniform under H0), whatever their dependence.  A p-value of 0 (a
+    certain failure such as a support violation) always FAILS.  Deterministic.
+    """
+    results = tuple(results)
+    for i, r in enumerate(results):
+        if not isinstance(r, TestResult):
+            raise InvalidArgument(f"results[{i}] must be a TestResult, got {type(r).__name__}")
+    alpha = check_alpha("alpha", alpha)
+    try:
+        factor = float(suspicious_factor)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"suspicious_factor must be a number >= 1, got {suspicious_factor!r}") from None
+    if not (math.isfinite(factor) and factor >= 1):
+        raise InvalidArgument(f"suspicious_factor must be a finite number >= 1, got {suspicious_factor!r}")
+    if not results:
+        return ()
+    weights = _weights(results, family_weights)
+    pvals = []
+    for i, r in enumerate(results):
+        p = float(r.pvalue)
+        if math.isnan(p) or not 0.0 <= p <= 1.0:
+            raise InvalidArgument(f"results[{i}].pvalue is {r.pvalue!r} ({r.family}/{r.name}); must be in [0, 1]")
+        pvals.append(p)
+    adjusted = holm_adjust(pvals, weights)
+    warn_level = min(1.0, factor * alpha)
+    graded = []
+    for r, w, adj in zip(results, weights, adjusted):
+        share = float(w * alpha)
+        if r.pvalue == 0.0 or adj <= alpha:
+            g = FAIL
+        elif adj <= warn_level:
+            g = SUSPICIOUS
+        else:
+            g = PASS
+        changes = dict(alpha=share, adjusted_pvalue=float(adj), grade=g)
+        mde_n = r.details.get("mde_n") if isinstance(r.details, Mapping) else None
+        if r.mde_tv is not None and r.df and mde_n is not None and math.isfinite(r.mde_tv):
+            power = r.details.get("power", 0.9)
+            changes["mde_tv"] = min_detectable_tv(mde_n, r.df, share, power)
+        graded.append(r.replace(**changes))
+    return tuple(graded)
+
+
+def verdict(graded_results: Iterable[TestResult]) -> str:
+    """``"fail"`` if any result FAILS, else ``"suspicious"`` if any is SUSPICIOUS, else ``"pass"``.
+
+    Every result must be graded (see :func:`grade`); an empty run passes.
+    """
+    grades = []
+    for i, r in enumerate(graded_results):
+        if not isinstance(r, TestResult):
+            raise InvalidArgument(f"graded_results[{i}] must be a TestResult, got {type(r).__name__}")
+        if r.grade not in (PASS, SUSPICIOUS, FAIL):
+            raise InvalidArgument(f"graded_results[{i}] ({r.family}/{r.name}) is not graded (grade={r.grade!r}); call grade() first")
+        grades.append(r.grade)
+    if FAIL in grades:
+        return FAIL
+    if SUSPICIOUS in grades:
+        return SUSPICIOUS
+    return PASS
