@@ -30,24 +30,24 @@ from __future__ import annotations
 
 import torch
 
-from reference.sampling import sample, uniform
+from reference.sampling import chunk_rows, fast_check_probs, inverse_cdf, uniform
 from specverify.errors import InvalidArgument
-from specverify.validation import check_generator, check_probs, check_shape, check_tokens
+from specverify.validation import check_generator, check_shape, check_tokens
 
 __all__ = ["verify", "greedy_verify", "residual_weights", "check_verifier_inputs"]
 
 
 def check_verifier_inputs(target_probs, draft_probs, draft_tokens) -> tuple[int, int, int]:
     """Validate the verifier protocol's inputs; return ``(B, K, V)``."""
-    check_probs("target_probs", target_probs)
+    fast_check_probs("target_probs", target_probs)
     if target_probs.ndim != 3:
         raise InvalidArgument(f"target_probs must have shape (B, K+1, V), got {tuple(target_probs.shape)}")
     B, K1, V = target_probs.shape
     if K1 < 2:
         raise InvalidArgument(f"target_probs must have K+1 >= 2 rows per batch entry (K >= 1), got shape {tuple(target_probs.shape)}")
     K = K1 - 1
-    check_probs("draft_probs", draft_probs)
     check_shape("draft_probs", draft_probs, (B, K, V))
+    fast_check_probs("draft_probs", draft_probs)
     check_shape("draft_tokens", draft_tokens, (B, K))
     check_tokens("draft_tokens", draft_tokens, V)
     return B, K, V
@@ -95,28 +95,53 @@ def verify(
         check_generator("generator", generator)
     B, K1, V = target_probs.shape
     K = K1 - 1
+    device = target_probs.device
     draft_tokens = draft_tokens.long()
-    rows = torch.arange(B, device=target_probs.device)  # (B,)
 
     p_drafted = target_probs[:, :K].gather(-1, draft_tokens[..., None]).squeeze(-1).double()  # (B, K)
     q_drafted = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1).double()  # (B, K)
-    u = uniform((B, K), generator=generator, device=target_probs.device)  # (B, K)
+    u = uniform((B, K), generator=generator, device=device)  # (B, K)
     accepted = u * q_drafted < p_drafted  # (B, K)
     num_accepted = accepted.long().cumprod(-1).sum(-1)  # (B,)
 
-    # The row each sequence samples its last token from: the residual at the first
-    # rejected position, or the target's bonus row p_{K+1} when all K were accepted.
-    target_row = target_probs[rows, num_accepted].double()  # (B, V)
-    draft_row = draft_probs[rows, num_accepted.clamp(max=K - 1)].double()  # (B, V)
-    rejected = (num_accepted < K)[:, None]  # (B, 1)
-    weights = torch.where(rejected, (target_row - draft_row).clamp_min(0.0), target_row)  # (B, V)
-    empty = weights.sum(-1, keepdim=True) <= 0  # (B, 1) residual of mass 0: fall back to p
-    weights = torch.where(empty, target_row, weights)  # (B, V)
-    last = sample(weights, generator=generator, check=False)  # (B,)
+    # The row each sequence samples its last token from: the residual (p_i - q_i)+ at the
+    # first rejected position i, or the target's bonus row p_{K+1} when all K were accepted.
+    # Only these B rows are gathered (in the input dtype) and converted to float64.
+    target_rows = _select_rows(target_probs, num_accepted)  # (B, V)
+    draft_rows = _select_rows(draft_probs, num_accepted.clamp(max=K - 1))  # (B, V)
+    rejected = (num_accepted < K).to(torch.float64)[:, None]  # (B, 1)
+    # The sampler's draw order: one float64 uniform per row (as ``sample`` draws it).
+    u_last = uniform((B, 1), generator=generator, device=device)  # (B, 1)
+    last = torch.empty(B, dtype=torch.long, device=device)  # (B,)
+    step = chunk_rows(B, V, device)
+    for start in range(0, B, step):  # chunks keep each row's float64 work in cache on CPU
+        stop = min(start + step, B)
+        target_row = target_rows[start:stop].double()  # (b, V)
+        # (p - q)+ on rejected rows, p on the others (p - 0 * q == p exactly).
+        weights = torch.addcmul(target_row, draft_rows[start:stop].double(), rejected[start:stop], value=-1.0)
+        weights.clamp_min_(0.0)  # (b, V)
+        empty = weights.sum(-1, keepdim=True) <= 0  # (b, 1) residual of mass 0: fall back to p
+        weights = torch.where(empty, target_row, weights)  # (b, V)
+        last[start:stop] = inverse_cdf(weights, u_last[start:stop])[0]
 
+    positions = torch.arange(K1, device=device)  # (K+1,)
     tokens = torch.cat([draft_tokens, torch.zeros_like(draft_tokens[:, :1])], dim=1)  # (B, K+1)
-    tokens[rows, num_accepted] = last
+    tokens = torch.where(positions[None] < num_accepted[:, None], tokens, 0)  # (B, K+1) zero past the block
+    tokens.scatter_(1, num_accepted[:, None], last[:, None])
     return tokens, num_accepted + 1
+
+
+def _select_rows(probs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``probs[b, index[b]]`` for probs (B, R, V): one (B, V) copy in the input dtype.
+
+    A contiguous tensor is read with ``index_select`` on its (B*R, V) view (a row
+    memcpy); other layouts (e.g. expanded ones) use advanced indexing.
+    """
+    B, R, V = probs.shape
+    rows = torch.arange(B, device=probs.device)  # (B,)
+    if probs.is_contiguous():
+        return probs.view(B * R, V).index_select(0, rows * R + index)  # (B, V)
+    return probs[rows, index]  # (B, V)
 
 
 def greedy_verify(target_probs: torch.Tensor, draft_tokens: torch.Tensor, *, check: bool = True):
@@ -136,7 +161,7 @@ def greedy_verify(target_probs: torch.Tensor, draft_tokens: torch.Tensor, *, che
     num_emitted : Tensor, shape (B,), long
     """
     if check:
-        check_probs("target_probs", target_probs)
+        fast_check_probs("target_probs", target_probs)
         if target_probs.ndim != 3 or target_probs.shape[1] < 2:
             raise InvalidArgument(f"target_probs must have shape (B, K+1, V) with K >= 1, got {tuple(target_probs.shape)}")
         B, K1, V = target_probs.shape

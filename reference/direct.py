@@ -1,0 +1,143 @@
+"""Plain autoregressive target sampling, and the target's exact processed conditionals.
+
+* :class:`DirectSampler` -- samples the target token by token (KV cache, one
+  forward per token) with the same processors and generator contract as the
+  speculative decoder: the baseline for speed and the reference law for
+  two-sample tests.
+* :class:`TargetAdapter` -- the design's target protocol: ``next_token_probs``
+  and the batched, teacher-forced ``conditionals`` (one forward pass gives the
+  processed conditional at every position of every row, which is what an exact
+  goodness-of-fit test needs at each sampled prefix).
+
+Shapes: B batch rows, T prompt tokens, L new tokens, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from reference.models import TinyTransformer
+from reference.processors import SamplingConfig, logits_to_probs
+from reference.sampling import sample
+from specverify.errors import InvalidArgument
+from specverify.validation import check_generator, check_int, check_shape, check_tokens
+
+__all__ = ["DirectSampler", "TargetAdapter", "validate_generate_args"]
+
+
+def validate_generate_args(prompt, num_samples, max_new_tokens, seed, vocab_size: int):
+    """Validate the decoder protocol's ``generate`` arguments; return them normalised."""
+    check_shape("prompt", prompt, (None,))
+    check_tokens("prompt", prompt, vocab_size)
+    if prompt.shape[0] < 1:
+        raise InvalidArgument(f"prompt must hold at least one token, got shape {tuple(prompt.shape)}")
+    return (prompt, check_int("num_samples", num_samples, minimum=1),
+            check_int("max_new_tokens", max_new_tokens, minimum=1), check_int("seed", seed, minimum=0))
+
+
+def _check_model(model, sampling) -> None:
+    if not isinstance(model, TinyTransformer):
+        raise InvalidArgument(f"target must be a TinyTransformer, got {type(model).__name__}")
+    if not isinstance(sampling, SamplingConfig):
+        raise InvalidArgument(f"sampling must be a SamplingConfig, got {sampling!r}")
+
+
+class TargetAdapter:
+    """The target protocol for a model plus its sampling configuration.
+
+    Parameters
+    ----------
+    model : TinyTransformer
+    sampling : SamplingConfig
+    max_batch : int
+        Rows per forward pass (memory bound); results do not depend on it.
+    """
+
+    def __init__(self, model: TinyTransformer, sampling: SamplingConfig = SamplingConfig(), *, max_batch: int = 16384):
+        _check_model(model, sampling)
+        self.model = model
+        self.sampling = sampling
+        self.vocab_size = model.vocab_size
+        self.max_batch = check_int("max_batch", max_batch, minimum=1)
+
+    def next_token_probs(self, prefix: torch.Tensor) -> torch.Tensor:
+        """Processed conditional of the next token after each row of ``prefix`` (B, T): (B, V) float64."""
+        check_shape("prefix", prefix, (None, None))
+        if prefix.shape[1] < 1:
+            raise InvalidArgument(f"prefix must hold at least one token, got shape {tuple(prefix.shape)}")
+        check_tokens("prefix", prefix, self.vocab_size)
+        return self._probs(prefix, prefix.shape[1] - 1)[:, -1]  # (B, V)
+
+    def conditionals(self, sequences: torch.Tensor, start: int) -> torch.Tensor:
+        """Teacher-forced processed conditionals of tokens ``start..S-1`` of ``sequences`` (B, S).
+
+        Entry ``[b, j]`` is the law of ``sequences[b, start + j]`` given
+        ``sequences[b, :start + j]``; returns (B, S - start, V) float64 from one
+        forward pass (per ``max_batch`` rows).
+        """
+        check_shape("sequences", sequences, (None, None))
+        check_tokens("sequences", sequences, self.vocab_size)
+        S = sequences.shape[1]
+        start = check_int("start", start, minimum=1, maximum=max(1, S - 1))
+        if S < 2:
+            raise InvalidArgument(f"sequences must hold at least 2 tokens, got shape {tuple(sequences.shape)}")
+        return self._probs(sequences[:, :-1], start - 1)  # (B, S - start, V)
+
+    def _probs(self, tokens: torch.Tensor, first: int) -> torch.Tensor:
+        tokens = tokens.to(self.model.device).long()
+        out = []
+        for i in range(0, tokens.shape[0], self.max_batch):
+            logits = self.model(tokens[i:i + self.max_batch])[:, first:]  # (b, n, V)
+            out.append(logits_to_probs(logits, self.sampling))
+        if not out:
+            return torch.zeros(0, tokens.shape[1] - first, self.vocab_size, dtype=torch.float64, device=tokens.device)
+        return torch.cat(out)  # (B, n, V)
+
+
+class DirectSampler:
+    """Autoregressive sampling of the processed target law (one target pass per token)."""
+
+    def __init__(self, target: TinyTransformer, sampling: SamplingConfig = SamplingConfig(), *, max_batch: int = 65536):
+        _check_model(target, sampling)
+        self.target = target
+        self.sampling = sampling
+        self.vocab_size = target.vocab_size
+        self.device = target.device
+        self.max_batch = check_int("max_batch", max_batch, minimum=1)
+
+    def target_adapter(self) -> TargetAdapter:
+        return TargetAdapter(self.target, self.sampling)
+
+    def generate(self, prompt: torch.Tensor, *, num_samples: int, max_new_tokens: int, seed: int) -> torch.Tensor:
+        """Decoder protocol: (T,) prompt -> (num_samples, max_new_tokens) long."""
+        prompt, num_samples, max_new_tokens, seed = validate_generate_args(
+            prompt, num_samples, max_new_tokens, seed, self.vocab_size)
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        prompt = prompt.to(self.device).long()
+        chunks = []
+        for start in range(0, num_samples, self.max_batch):
+            B = min(self.max_batch, num_samples - start)
+            chunks.append(self.generate_batch(prompt.expand(B, -1), max_new_tokens, generator=generator))
+        return torch.cat(chunks)  # (num_samples, max_new_tokens)
+
+    def generate_batch(self, prompts: torch.Tensor, max_new_tokens: int, *, generator: torch.Generator) -> torch.Tensor:
+        """``max_new_tokens`` new tokens for every row of ``prompts`` (B, T): (B, max_new_tokens) long."""
+        check_shape("prompts", prompts, (None, None))
+        check_tokens("prompts", prompts, self.vocab_size)
+        if prompts.shape[0] < 1 or prompts.shape[1] < 1:
+            raise InvalidArgument(f"prompts must have shape (B, T) with B, T >= 1, got {tuple(prompts.shape)}")
+        max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=1)
+        check_generator("generator", generator)
+        if generator.device.type != self.device.type:
+            raise InvalidArgument(f"generator is on {generator.device}, the model on {self.device}")
+        B, T = prompts.shape
+        cache = self.target.new_cache(B, capacity=T + max_new_tokens)
+        logits = self.target(prompts.to(self.device).long(), cache)[:, -1]  # (B, V) prefill
+        out = []
+        for i in range(max_new_tokens):
+            target_probs = logits_to_probs(logits, self.sampling)  # (B, V)
+            token = sample(target_probs, generator=generator, check=False)  # (B,)
+            out.append(token)
+            if i + 1 < max_new_tokens:
+                logits = self.target(token[:, None], cache)[:, 0]  # (B, V)
+        return torch.stack(out, dim=1)  # (B, max_new_tokens)

@@ -1,0 +1,164 @@
+"""Sampling processors: temperature, top-k, top-p (nucleus), min-p, greedy.
+
+Pure functions on logits / probabilities that return normalised probability
+rows (float64 by default).  The pipeline :func:`logits_to_probs` applies, in
+this order (the order of Hugging Face ``generate`` and vLLM):
+
+1. temperature: ``softmax(logits / T)``; ``T == 0`` means greedy, a one-hot row
+   on ``argmax(logits)`` (ties to the lowest token id, like ``torch.argmax``),
+   and the other processors are then irrelevant;
+2. top-k: keep the tokens whose probability is >= the k-th largest (ties at
+   the boundary are all kept, so the result does not depend on sort order);
+3. top-p: keep the smallest prefix of the tokens sorted by decreasing
+   probability whose mass reaches ``p`` (the token that crosses ``p`` is kept);
+4. min-p: keep the tokens with probability >= ``min_p * max(probs)``;
+
+each step renormalising.  The same :class:`SamplingConfig` must be applied to
+the target and to the drafter; the drafter then reports the processed law it
+sampled from.
+
+References: Holtzman et al., "The Curious Case of Neural Text Degeneration"
+(ICLR 2020) for top-p; Nguyen et al., "Turning Up the Heat: Min-p Sampling"
+(2024) for min-p; Fan et al. (2018) for top-k.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from specverify.errors import InvalidArgument
+
+__all__ = [
+    "SamplingConfig",
+    "GREEDY",
+    "logits_to_probs",
+    "temperature_probs",
+    "greedy_probs",
+    "top_k_probs",
+    "top_p_probs",
+    "min_p_probs",
+]
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """A sampling configuration (validated on construction).
+
+    Parameters
+    ----------
+    temperature : float
+        >= 0; 0 means greedy (one-hot argmax).
+    top_k : int or None
+        Keep the k most likely tokens (k >= 1); None disables it.
+    top_p : float or None
+        Nucleus mass in (0, 1]; None disables it.
+    min_p : float or None
+        Relative threshold in [0, 1]; None disables it.
+    """
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+
+    def __post_init__(self):
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise InvalidArgument(f"temperature must be a finite number >= 0, got {t!r}")
+        k = self.top_k
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise InvalidArgument(f"top_k must be None or an integer >= 1, got {k!r}")
+        p = self.top_p
+        if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0):
+            raise InvalidArgument(f"top_p must be None or a number in (0, 1], got {p!r}")
+        m = self.min_p
+        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not 0.0 <= m <= 1.0):
+            raise InvalidArgument(f"min_p must be None or a number in [0, 1], got {m!r}")
+
+    @property
+    def greedy(self) -> bool:
+        """True when the configuration is deterministic (temperature 0)."""
+        return self.temperature == 0
+
+
+#: Temperature 0: every row becomes one-hot on its argmax.
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+def _renormalise(weights: torch.Tensor) -> torch.Tensor:
+    return weights / weights.sum(-1, keepdim=True)
+
+
+def greedy_probs(logits: torch.Tensor, *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """One-hot rows on ``argmax(logits)`` (lowest id on ties), shape of ``logits``."""
+    idx = logits.argmax(-1, keepdim=True)  # (..., 1)
+    return torch.zeros(logits.shape, dtype=dtype, device=logits.device).scatter_(-1, idx, 1.0)
+
+
+def temperature_probs(logits: torch.Tensor, temperature: float, *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """``softmax(logits / temperature)`` computed in ``dtype``; temperature 0 is greedy."""
+    if temperature == 0:
+        return greedy_probs(logits, dtype=dtype)
+    return torch.softmax(logits.to(dtype) / temperature, dim=-1)
+
+
+def top_k_probs(probs: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep tokens with probability >= the k-th largest of their row; renormalise."""
+    V = probs.shape[-1]
+    if k >= V:
+        return probs
+    kth = probs.topk(k, dim=-1).values[..., -1:]  # (..., 1)
+    return _renormalise(torch.where(probs >= kth, probs, torch.zeros_like(probs)))
+
+
+def top_p_probs(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the most likely tokens until their mass reaches ``top_p``; renormalise.
+
+    A token is kept iff the mass of the tokens sorted strictly before it (by
+    decreasing probability, stable on ties) is < ``top_p``; the most likely
+    token is therefore always kept.
+    """
+    if top_p >= 1.0:
+        return probs
+    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # (..., V)
+    cumulative = sorted_probs.cumsum(-1)  # (..., V)
+    mass_before = torch.cat([torch.zeros_like(cumulative[..., :1]), cumulative[..., :-1]], dim=-1)  # (..., V) exclusive
+    keep_sorted = mass_before < top_p  # (..., V)
+    keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)  # (..., V) back to token order
+    return _renormalise(torch.where(keep, probs, torch.zeros_like(probs)))
+
+
+def min_p_probs(probs: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Keep tokens with probability >= ``min_p * max(probs)`` of their row; renormalise."""
+    if min_p <= 0.0:
+        return probs
+    threshold = min_p * probs.amax(-1, keepdim=True)  # (..., 1)
+    return _renormalise(torch.where(probs >= threshold, probs, torch.zeros_like(probs)))
+
+
+def logits_to_probs(
+    logits: torch.Tensor, config: SamplingConfig, *, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    """Apply the whole processor pipeline of ``config`` to ``logits`` (shape (..., V)).
+
+    Returns normalised probability rows in ``dtype`` (float64 or float32), same shape.
+    """
+    if not isinstance(config, SamplingConfig):
+        raise InvalidArgument(f"config must be a SamplingConfig, got {config!r}")
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+        raise InvalidArgument(f"logits must be a floating torch.Tensor, got {getattr(logits, 'dtype', type(logits))}")
+    if dtype not in (torch.float32, torch.float64):
+        raise InvalidArgument(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+    if config.greedy:
+        return greedy_probs(logits, dtype=dtype)
+    probs = temperature_probs(logits, config.temperature, dtype=dtype)
+    if config.top_k is not None:
+        probs = top_k_probs(probs, config.top_k)
+    if config.top_p is not None:
+        probs = top_p_probs(probs, config.top_p)
+    if config.min_p is not None:
+        probs = min_p_probs(probs, config.min_p)
+    return probs
