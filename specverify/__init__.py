@@ -11,6 +11,14 @@ import importlib
 __version__ = "0.1.0"
 
 _LAZY = {
+    "check_verifier": "specverify.battery",
+    "check_greedy_verifier": "specverify.battery",
+    "check_decoder": "specverify.decoder_check",
+    "audit_drafter": "specverify.drafter_audit",
+    "Report": "specverify.results",
+    "TestResult": "specverify.results",
+    "write_report": "specverify.report",
+    "load_report": "specverify.report",
     "SpecVerifyError": "specverify.errors",
     "InvalidArgument": "specverify.errors",
     "ImplementationError": "specverify.errors",

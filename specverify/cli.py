@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--reference", metavar="PKG.MOD:FACTORY", help="a second decoder (e.g. direct sampling): two-sample tests instead of exact conditionals")
     for role in ("verifier", "decoder", "drafter", "target", "reference"):
         what.add_argument(f"--{role}-option", action="append", metavar="KEY=VALUE", default=[], help=f"keyword argument for the {role} factory (repeatable)")
-    audit.add_argument("--greedy", action="store_true", help="check a greedy verifier: output must equal the target's argmax continuation")
+    audit.add_argument("--greedy", action="store_true", help="greedy mode: a verifier's or decoder's output must equal the target's argmax continuation")
     audit.add_argument("--tier", choices=TIERS, default="smoke")
     audit.add_argument("--seed", type=int, default=0)
     audit.add_argument("--alpha", type=float, default=1e-3, help="family-wise false-alarm rate of the run (default 1e-3)")
@@ -143,7 +143,7 @@ def _run_audit(args, argv: list[str]) -> int:
         reference = _instantiate(args.reference, "reference", "generate", options["reference"]) if args.reference else None
         from specverify.decoder_check import check_decoder
 
-        report = check_decoder(decoder, target, reference=reference, **common)
+        report = check_decoder(decoder, target, reference=reference, greedy=True if args.greedy else None, **common)
     elif args.verifier:
         verify = _verifier(args.verifier, options["verifier"])
         from specverify.battery import check_verifier
