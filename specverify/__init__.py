@@ -13,6 +13,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "check_verifier": "specverify.battery",
     "check_greedy_verifier": "specverify.battery",
+    "check_verifier_on": "specverify.battery",
+    "list_scenarios": "specverify.battery",
     "check_decoder": "specverify.decoder_check",
     "audit_drafter": "specverify.drafter_audit",
     "Report": "specverify.results",
