@@ -216,7 +216,18 @@ class Report:
             f"time={self.timings.get('total', float('nan')):.1f}s",
         ]
         lines += [f"  implementation error: {e}" for e in self.errors]
-        worst = sorted(self.results, key=lambda r: (r.adjusted_pvalue if r.adjusted_pvalue is not None else r.pvalue))
-        shown = [r for r in worst if r.grade in (FAIL, SUSPICIOUS)][:10] or worst[:3]
-        lines += ["  " + r.summary() for r in shown]
+        flagged = [r for r in self.results if r.grade in (FAIL, SUSPICIOUS)]
+        counts = {g: sum(r.grade == g for r in self.results) for g in (FAIL, SUSPICIOUS, PASS)}
+        lines.append(f"  {counts[FAIL]} failed, {counts[SUSPICIOUS]} suspicious, {counts[PASS]} passed")
+        flagged.sort(key=lambda r: (r.grade != FAIL, r.adjusted_pvalue if r.adjusted_pvalue is not None else r.pvalue))
+        lines += ["  " + r.summary() for r in flagged[:10]]
+        if len(flagged) > 10:
+            lines.append(f"  ... and {len(flagged) - 10} more flagged tests (see the report)")
+        tvs = sorted(r.mde_tv for r in self.results if isinstance(r.mde_tv, float) and math.isfinite(r.mde_tv))
+        if tvs:
+            n = sum(r.n for r in self.results if r.family == "gof")
+            lines.append(
+                f"  detectable binned TV at power 0.9: median {tvs[len(tvs) // 2]:.3g}, best {tvs[0]:.3g}, "
+                f"worst {tvs[-1]:.3g} over {len(tvs)} tests ({n:,} tokens in goodness-of-fit strata)"
+            )
         return "\n".join(lines)
