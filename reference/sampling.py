@@ -5,8 +5,10 @@ per row scaled by the row's own total, and ``searchsorted``.  Scaling by the
 row total (instead of assuming it is 1) means a float32 row that sums to
 0.99999 loses no tail, and searching with ``right=True`` means a token whose
 probability is exactly zero can never be returned (its CDF value equals its
-predecessor's).  On two CPU cores this draws ~10-20 M tokens/s at V=32, an
-order of magnitude faster than ``torch.multinomial`` (benchmarks/bench_rules.py).
+predecessor's).  On CPU the rows are processed in cache-sized chunks whose ops
+run serially (see ``CPU_CHUNK_ELEMENTS``): ~5-8 M draws/s per core at V=32 on a
+loaded shared machine, 5-10x ``torch.multinomial`` (benchmarks/bench_rules.py).
+The chunking changes no result: the uniforms are drawn for all rows first.
 
 References: L. Devroye, *Non-Uniform Random Variate Generation* (1986), ch. III.2.
 """
@@ -18,7 +20,7 @@ import torch
 from specverify.errors import InvalidArgument
 from specverify.validation import PROB_ATOL, check_generator, check_probs
 
-__all__ = ["sample", "uniform"]
+__all__ = ["sample", "uniform", "inverse_cdf", "chunk_rows", "fast_check_probs"]
 
 #: Row-wise work on CPU runs in chunks of about this many elements: each chunk's float64
 #: CDF stays in cache, and every op on a chunk is below ATen's parallel grain sizes
@@ -61,7 +63,21 @@ def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, t
     return torch.searchsorted(cdf, x, right=True).squeeze(-1), total  # (N,), (N, 1)
 
 
-def fast_check_probs(name: str, probs, *, normalised: bool = True, atol: float = PROB_ATOL) -> None:
+def _unexpanded(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor with every broadcast (stride-0) dimension narrowed to size 1.
+
+    An expanded tensor repeats the same values, so checks on this view are equivalent,
+    and reductions over it never materialise the expansion (``aminmax`` would copy).
+    """
+    for dim, (size, stride) in enumerate(zip(tensor.shape, tensor.stride())):
+        if stride == 0 and size > 1:
+            tensor = tensor.narrow(dim, 0, 1)
+    return tensor
+
+
+def fast_check_probs(
+    name: str, probs, *, normalised: bool = True, atol: float = PROB_ATOL, row_sums: bool = True
+) -> None:
     """``specverify.validation.check_probs`` with a fast path for valid input.
 
     One ``aminmax`` pass proves "finite and non-negative" (NaN fails both
@@ -69,6 +85,7 @@ def fast_check_probs(name: str, probs, *, normalised: bool = True, atol: float =
     cache-sized chunks (4x faster than one ``sum(dtype=float64)`` on CPU).  Only
     input that fails is handed to ``check_probs``, which names the offending entry,
     so the accepted inputs and the error messages are those of ``check_probs``.
+    ``row_sums=False`` skips the row sums (a caller that checks them itself).
     """
     if not (
         isinstance(probs, torch.Tensor)
@@ -79,15 +96,17 @@ def fast_check_probs(name: str, probs, *, normalised: bool = True, atol: float =
     ):
         check_probs(name, probs, atol=atol, normalised=normalised)
         return
+    probs = _unexpanded(probs)
     low, high = torch.aminmax(probs)
     ok = bool(low >= 0) and bool(high < float("inf"))
-    if ok and normalised:
+    if ok and row_sums:
         lead = probs.shape[0] if probs.ndim >= 2 else 1
         rows = probs if probs.ndim >= 2 else probs[None]  # (lead, ..., V)
         step = chunk_rows(lead, probs.numel() // lead, probs.device)
         for start in range(0, lead, step):
             sums = rows[start : start + step].sum(-1, dtype=torch.float64)  # (step, ...)
-            if bool(((sums - 1.0).abs() > atol).any()):
+            bad = (sums - 1.0).abs() > atol if normalised else ~(sums > 0)
+            if bool(bad.any()):
                 ok = False
                 break
     if not ok:
@@ -122,7 +141,7 @@ def sample(probs: torch.Tensor, *, generator: torch.Generator, check: bool = Tru
     """
     if check:
         check_generator("generator", generator)
-        fast_check_probs("probs", probs, normalised=False)  # row sums: on the CDF totals below
+        fast_check_probs("probs", probs, normalised=False, row_sums=False)  # sums: CDF totals below
     lead = probs.shape[:-1]
     V = probs.shape[-1]
     flat = probs.reshape(-1, V)  # (N, V)
