@@ -5,7 +5,8 @@
     specverify audit --verifier PKG.MOD:NAME [--tier smoke|standard|deep] [--seed N] [--out DIR]
     specverify audit --decoder PKG.MOD:FACTORY --target PKG.MOD:FACTORY [--reference PKG.MOD:FACTORY]
     specverify audit --drafter PKG.MOD:FACTORY --target PKG.MOD:FACTORY [--verifier PKG.MOD:NAME]
-    specverify selftest [--tier smoke] [--json]
+    specverify selftest [--tier smoke] [--json] [--matrix PATH]
+    specverify examples [--out reports]
     specverify demo
 
 Exit status of ``audit``: 0 pass (a "suspicious" verdict warns but passes), 1 fail,
@@ -118,8 +119,39 @@ def build_parser() -> argparse.ArgumentParser:
     selftest.add_argument("--json", action="store_true", help="print the matrix as JSON")
     selftest.add_argument("--matrix", metavar="PATH", help="also write the Markdown mutation matrix (with the peers' tests) to PATH")
 
+    examples = sub.add_parser("examples", help="regenerate the example reports (reports/ in the repository)")
+    examples.add_argument("--out", default="reports", metavar="DIR")
+    examples.add_argument("--seed", type=int, default=0)
+    examples.add_argument("--tier", choices=TIERS, default="smoke")
+    examples.add_argument("--skip-hf", action="store_true", help="skip the Hugging Face transformers audit")
+    examples.add_argument("--skip-matrix", action="store_true", help="skip the mutation matrix (selftest + peers)")
+
     sub.add_parser("demo", help="run the canonical rule against an adversarial drafter and print the emitted law")
     return parser
+
+
+def _run_examples(args) -> int:
+    from specverify.examples.basic import generate_basic_reports
+
+    out = Path(args.out)
+    rows = generate_basic_reports(out, seed=args.seed, tier=args.tier)
+    status = EXIT_PASS
+    if not args.skip_hf:
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            print("transformers is not installed: skipping the HF audit (pip install 'specverify[hf]')")
+        else:
+            from specverify.examples.hf import generate_hf_reports
+
+            generate_hf_reports(out / "hf-transformers", seed=args.seed, tier=args.tier)
+    if not args.skip_matrix:
+        from specverify.selftest import main as selftest_main
+
+        status = selftest_main(tier=args.tier, seed=args.seed, as_json=False, matrix_path=str(out / "mutation-matrix.md"))
+    expected = {name: report.verdict for name, _, report, _ in rows}
+    print("example verdicts: " + ", ".join(f"{k}={v}" for k, v in expected.items()))
+    return status
 
 
 def _run_audit(args, argv: list[str]) -> int:
@@ -175,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             from specverify.selftest import main as selftest_main
 
             return selftest_main(tier=args.tier, seed=args.seed, as_json=args.json, matrix_path=args.matrix)
+        if args.command == "examples":
+            return _run_examples(args)
         if args.command == "demo":
             from specverify.demo import main as demo_main
 

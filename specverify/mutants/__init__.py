@@ -86,3 +86,14 @@ def by_name(name: str) -> CatalogueEntry:
         if entry.name == name:
             return entry
     raise InvalidArgument(f"name {name!r} is not in the catalogue; known: {[e.name for e in CATALOGUE]}")
+
+
+def __getattr__(name: str):
+    """``specverify.mutants:<entry name>`` resolves to the entry's verifier, for the CLI and plugin.
+
+    e.g. ``specverify audit --verifier specverify.mutants:residual_is_p``.
+    """
+    for entry in CATALOGUE:
+        if entry.name == name:
+            return entry.fn
+    raise AttributeError(f"module 'specverify.mutants' has no attribute {name!r}")

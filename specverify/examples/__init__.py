@@ -1,0 +1,1 @@
+"""Example audits of real speculative-decoding implementations; their reports live under ``reports/``."""
