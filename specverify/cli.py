@@ -105,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--reference", metavar="PKG.MOD:FACTORY", help="a second decoder (e.g. direct sampling): two-sample tests instead of exact conditionals")
     for role in ("verifier", "decoder", "drafter", "target", "reference"):
         what.add_argument(f"--{role}-option", action="append", metavar="KEY=VALUE", default=[], help=f"keyword argument for the {role} factory (repeatable)")
+    drafting = audit.add_argument_group("drafter audit (efficiency model)")
+    drafting.add_argument("--k", type=int, help="draft length K (default: the drafter's .k or 4)")
+    drafting.add_argument("--draft-cost", type=float, help="drafter forward cost relative to a target pass (speedup model)")
+    drafting.add_argument("--model-params", type=float, help="target parameters, for the memory-bound latency (e.g. 8e9)")
+    drafting.add_argument("--bandwidth", type=float, default=3.35e12, help="memory bandwidth in bytes/s (default H100: 3.35e12)")
+    drafting.add_argument("--bytes-per-param", type=float, default=2.0, help="bytes per weight (default 2: bf16)")
     audit.add_argument("--greedy", action="store_true", help="greedy mode: a verifier's or decoder's output must equal the target's argmax continuation")
     audit.add_argument("--tier", choices=TIERS, default="smoke")
     audit.add_argument("--seed", type=int, default=0)
@@ -166,7 +172,9 @@ def _run_audit(args, argv: list[str]) -> int:
         target = _instantiate(args.target, "target", "next_token_probs", options["target"])
         from specverify.drafter_audit import audit_drafter
 
-        report = audit_drafter(drafter, target, verifier=verifier, **common)
+        report = audit_drafter(drafter, target, verifier=verifier, k=args.k, draft_cost=args.draft_cost,
+                               model_params=args.model_params, bandwidth=args.bandwidth,
+                               bytes_per_param=args.bytes_per_param, **common)
     elif args.decoder:
         if not args.target and not args.reference:
             raise InvalidArgument("--decoder needs --target PKG.MOD:FACTORY (exact conditionals) or --reference PKG.MOD:FACTORY (two-sample)")
@@ -184,7 +192,10 @@ def _run_audit(args, argv: list[str]) -> int:
     else:
         raise InvalidArgument("audit needs one of --verifier, --decoder or --drafter")
 
-    report = dataclasses.replace(report, command="specverify " + " ".join(shlex.quote(a) for a in argv))
+    spec, role = (args.drafter, "drafter") if args.drafter else (args.decoder, "decoder") if args.decoder else (args.verifier, "verifier")
+    named = spec + ("(" + ", ".join(f"{k}={v!r}" for k, v in options[role].items()) + ")" if options[role] else "")
+    report = dataclasses.replace(report, implementation=named,
+                                 command="specverify " + " ".join(shlex.quote(a) for a in argv))
     from specverify.report import write_report
 
     paths = write_report(report, Path(args.out), plots=not args.no_plots)
