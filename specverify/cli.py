@@ -112,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     drafting.add_argument("--bandwidth", type=float, default=3.35e12, help="memory bandwidth in bytes/s (default H100: 3.35e12)")
     drafting.add_argument("--bytes-per-param", type=float, default=2.0, help="bytes per weight (default 2: bf16)")
     audit.add_argument("--greedy", action="store_true", help="greedy mode: a verifier's or decoder's output must equal the target's argmax continuation")
+    audit.add_argument("--scenario", action="append", metavar="NAME", help="verifier audit: run only this scenario (repeatable; see list_scenarios)")
     audit.add_argument("--tier", choices=TIERS, default="smoke")
     audit.add_argument("--seed", type=int, default=0)
     audit.add_argument("--alpha", type=float, default=1e-3, help="family-wise false-alarm rate of the run (default 1e-3)")
@@ -188,7 +189,7 @@ def _run_audit(args, argv: list[str]) -> int:
         verify = _verifier(args.verifier, options["verifier"])
         from specverify.battery import check_verifier
 
-        report = check_verifier(verify, greedy=args.greedy, **common)
+        report = check_verifier(verify, greedy=args.greedy, scenarios=args.scenario, **common)
     else:
         raise InvalidArgument("audit needs one of --verifier, --decoder or --drafter")
 

@@ -52,3 +52,48 @@ def test_progress_bar_stays_silent_for_fast_runs_and_draws_for_slow_ones():
     bar(1, 2, "scenario-a")
     bar(2, 2, "scenario-b")
     assert "1/2" in stream.getvalue() and "2/2" in stream.getvalue()
+
+
+def _audit(tmp_path, *extra):
+    out = tmp_path / "out"
+    code = main(["audit", "--tier", "smoke", "--seed", "3", "--out", str(out), "--no-plots", *extra])
+    return code, out
+
+
+def test_audit_verifier_exit_codes_pass_fail_and_broken(tmp_path, capsys):
+    from specverify.report import load_report
+
+    code, out = _audit(tmp_path, "--verifier", "reference.rules:verify", "--scenario", "pos8_uniform_k4")
+    assert code == 0, capsys.readouterr().out
+    report = load_report(out / "report.json")
+    assert report.verdict in ("pass", "suspicious") and report.seed == 3
+    assert report.command.startswith("specverify audit") and "--scenario pos8_uniform_k4" in report.command
+    assert (out / "report.md").exists() and (out / "report.html").exists()
+
+    code, out = _audit(tmp_path, "--verifier", "specverify.mutants:residual_is_p", "--scenario", "pos8_uniform_k4")
+    assert code == 1
+    assert load_report(out / "report.json").verdict == "fail"
+
+    code, out = _audit(tmp_path, "--verifier", "tests.test_cli:_out_of_vocab_verifier", "--scenario", "pos8_uniform_k4")
+    assert code == 2
+    assert any("vocab" in e or "[0," in e for e in load_report(out / "report.json").errors)
+
+
+def _out_of_vocab_verifier(target_probs, draft_probs, draft_tokens, *, generator):
+    """A broken kernel (GHSA-8wr5 style): returns token id V."""
+    from reference.rules import verify
+
+    tokens, num_emitted = verify(target_probs, draft_probs, draft_tokens, generator=generator)
+    tokens[0, 0] = target_probs.shape[-1]
+    return tokens, num_emitted
+
+
+def test_audit_drafter_through_cli(tmp_path, capsys):
+    code, out = _audit(tmp_path, "--drafter", "specverify.examples.factories:zoo_drafter", "--drafter-option", "name=uniform",
+                       "--target", "specverify.examples.factories:table_target", "--draft-cost", "0.05")
+    assert code == 0, capsys.readouterr().out
+    from specverify.report import load_report
+
+    report = load_report(out / "report.json")
+    assert report.kind == "drafter" and "name='uniform'" in report.implementation
+    assert "efficiency" in report.extra
