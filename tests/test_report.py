@@ -330,3 +330,203 @@ def test_noncentrality_matches_scipy_power():
     lam = noncentrality_for_power(5.0, 1e-3)
     assert stats.ncx2.sf(stats.chi2.isf(1e-3, 5.0), 5.0, lam) == pytest.approx(0.9, abs=1e-8)
     assert noncentrality_for_power(5.0, 1e-6) > lam
+
+
+# ----------------------------------------------------------------------------- drafter-audit sections
+
+
+def _efficiency_extra(draft_costs=(0.05,), latency=True):
+    """``extra["efficiency"]`` shaped as :func:`specverify.drafter_audit.efficiency.efficiency_section` writes it."""
+    rates = [0.9085, 0.9081, 0.9092, 0.9074]
+    drafted = [17453, 15856, 14399, 13092]
+    positions = [{"position": i + 1, "drafted": drafted[i], "accepted": round(drafted[i] * rates[i]),
+                  "observed_rate": rates[i], "ci_low": rates[i] - 0.0044, "ci_high": rates[i] + 0.0043,
+                  "expected_rate": 0.9112 if i == 0 else 0.9077} for i in range(4)]
+    curve = [1.8176, 2.4850, 3.0293, 3.4703, 3.8256, 4.1096, 4.3341, 4.5090, 4.6423, 4.7409, 4.8105, 4.8557,
+             4.8807, 4.8887, 4.8826, 4.8649]
+    speedup = []
+    for cost in draft_costs:
+        block = {"draft_cost": cost, "best_k": 14, "best_speedup": 4.8887, "speedup_at_audited_k": 3.4703,
+                 "speedups": curve}
+        if latency:
+            block.update(seconds_per_token_at_best_k=0.000977, seconds_per_token_at_audited_k=0.0013763)
+        speedup.append(block)
+    section = {
+        "k": 4, "ci_level": 0.95, "rounds": 17453, "tokens_generated": 72680, "tokens_kept": 64000,
+        "positions": positions, "mean_accepted": 3.164327, "mean_accepted_ci": [3.143952, 3.184702],
+        "expected_mean_accepted": 3.165786, "tokens_per_target_pass": 4.164327,
+        "expected_tokens_per_target_pass": 4.165786, "target_passes_per_token": 1 / 4.164327,
+        "target_passes_per_kept_token": 0.272703, "length_counts": [1597, 1457, 1307, 1212, 11880],
+        "length_probs": [0.0891, 0.0833, 0.0766, 0.0695, 0.6815], "model_note": "speedup = E[tokens] / (c K + 1)",
+        "speedup": speedup,
+    }
+    if latency:
+        section["latency"] = {"model_params": 8e9, "bytes_per_param": 2.0, "bandwidth_bytes_per_s": 3.35e12,
+                              "target_pass_seconds": 0.0047761, "plain_decoding_seconds_per_token": 0.0047761,
+                              "note": "memory-bound lower bound: one target pass reads every weight once"}
+    return section
+
+
+def make_drafter_report(*, efficiency=None, diagnosis=None, verdict="pass", **extra):
+    eff = _efficiency_extra() if efficiency is None else efficiency
+    diag = {"culprit": None, "message": "no failure"} if diagnosis is None else diagnosis
+    return Report(
+        kind="drafter", implementation="pkg:my_drafter", tier="smoke", seed=0, alpha=1e-3, verdict=verdict,
+        results=tuple(_passing_results(count=6)), scenarios=_scenarios(), timings={"total": 3.0},
+        extra={"k": 4, "tier_plan": {"num_prompts": 2}, "efficiency": eff, "diagnosis": diag, **extra},
+    )
+
+
+DRAFTER_CULPRIT = {
+    "culprit": "drafter", "failed_tests": ["consistency_gof@draft=1", "consistency_pit@draft=2"],
+    "message": "the drafter's samples do not follow its reported q (failed: consistency_gof@draft=1, "
+               "consistency_pit@draft=2); speculative sampling is lossless only when q is the law the drafts "
+               "were drawn from",
+}
+
+
+@pytest.mark.parametrize("fmt", ["markdown", "html"])
+def test_drafter_report_leads_with_diagnosis_after_the_verdict(fmt):
+    report = make_drafter_report(diagnosis=DRAFTER_CULPRIT, verdict="fail")
+    page = render_markdown(report) if fmt == "markdown" else render_html(report, plots=False)
+    verdict, diag = page.index("FAIL: the implementation"), page.index("Diagnosis: the culprit is the drafter.")
+    assert verdict < diag < page.index("Reproduce") < page.index("Tests, worst first")
+    assert "The drafter" in page[diag:] and "do not follow its reported q" in page[diag:page.index("Reproduce")]
+    assert "Failing tests" not in page  # the message already names both failing tests
+
+
+@pytest.mark.parametrize("fmt", ["markdown", "html"])
+def test_drafter_report_renders_efficiency_section(fmt):
+    report = make_drafter_report(efficiency=_efficiency_extra(draft_costs=(0.01, 0.05)))
+    page = render_markdown(report) if fmt == "markdown" else render_html(report, plots=False)
+    start, end = page.index("Efficiency"), page.index("Scenarios")
+    section = page[start:end]
+    assert "Diagnosis: no culprit." in page and "No test failed" in page
+    # per-position acceptance with its interval and exact rate
+    for text in ("17,453", "0.9085", "[0.9041, 0.9128]" if fmt == "html" else r"\[0.9041, 0.9128\]", "0.9112",
+                 "95% CI", "exact inside CI"):
+        assert text in section, text
+    # accepted length, tokens per pass, passes per token, each with CI and exact value
+    for text in ("mean accepted length", "3.164", "3.144", "3.185", "3.166", "tokens per target pass", "4.164",
+                 "4.166", "target passes per token", "0.2401", "target passes per kept token"):
+        assert text in section, text
+    # the speedup curve for both costs, best K marked, audited K labelled; latency
+    assert "c=0.01" in section and "c=0.05" in section and "4 (audited)" in section
+    assert section.count("<b>4.89</b>" if fmt == "html" else "**4.89**") == 2
+    assert "best K=14 (4.889x, 977 µs per token)" in section
+    assert "at the audited K=4: 3.470x, 1.38 ms per token" in section
+    assert "plain decoding 4.78 ms" in section and "8B parameters" in section
+    # rendered keys are not repeated as JSON; other extra keys still are
+    other = page[page.index("Other sections"):]
+    assert "tier_plan" in other and "num_prompts" in other
+    assert "efficiency" not in other and "diagnosis" not in other and "mean_accepted" not in other
+
+
+def test_efficiency_section_without_latency_or_positions():
+    eff = _efficiency_extra(latency=False)
+    del eff["positions"]
+    md = render_markdown(make_drafter_report(efficiency=eff))
+    section = md[md.index("## Efficiency"):md.index("## Scenarios")]
+    assert "Memory-bound" not in section and "per token)" not in section
+    assert "Acceptance per in-block position" not in section
+    assert "best K=14 (4.889x)" in section and "mean accepted length" in section
+
+
+BAD_EFFICIENCY = [
+    "garbage", 3.5, [], {}, {"tokens_per_pass": 2.4}, {"positions": "x", "speedup": "y", "latency": 7},
+    {"positions": [None, {"observed_rate": "nan"}, {"observed_rate": None}], "mean_accepted": "inf",
+     "speedup": [{"draft_cost": "x", "speedups": [1.0]}, {"draft_cost": 0.1, "speedups": "no"}],
+     "latency": {"target_pass_seconds": -1.0}},
+]
+
+
+@pytest.mark.parametrize("bad", BAD_EFFICIENCY, ids=range(len(BAD_EFFICIENCY)))
+def test_malformed_efficiency_skips_the_section_and_keeps_the_json(bad):
+    report = make_drafter_report(efficiency=bad)
+    md, page = render_markdown(report), render_html(report, plots=True)
+    assert "## Efficiency" not in md and "<h2>Efficiency</h2>" not in page
+    assert "| `efficiency` |" in md and "<td>efficiency</td>" in page  # shown verbatim among other sections
+
+
+def test_partly_malformed_efficiency_renders_what_it_can():
+    eff = _efficiency_extra()
+    eff["positions"][1] = "junk"
+    eff["positions"][2]["ci_low"] = "nan"
+    eff["mean_accepted_ci"] = [3.2, 3.1]  # not an interval
+    eff["speedup"].append({"draft_cost": 0.5, "best_k": "x", "speedups": [1.2, 1.1]})
+    eff["latency"]["model_params"] = "big"
+    md = render_markdown(make_drafter_report(efficiency=eff))
+    section = md[md.index("## Efficiency"):md.index("## Scenarios")]
+    assert "| 1 | 17,453 |" in section and "| 2 | 15,856 |" not in section
+    assert "| 3 | 14,399 | 13,092 | 0.9092 | — | 0.9077 | — |" in section
+    assert "| mean accepted length (drafts accepted per block) | 3.164 | — | 3.166 |" in section
+    assert "| c=0.5 | 1.20 | 1.10 | — |" in section
+    assert "Memory-bound latency per token (2 bytes each, 3.35 TB/s)" in section
+
+
+BAD_DIAGNOSIS = ["drafter", 7, [], {}, {"culprit": 3, "message": "x"}, {"culprit": "drafter", "message": None},
+                 {"culprit": None, "message": ""}]
+
+
+@pytest.mark.parametrize("bad", BAD_DIAGNOSIS, ids=range(len(BAD_DIAGNOSIS)))
+def test_malformed_diagnosis_is_skipped(bad):
+    report = make_drafter_report(diagnosis=bad)
+    md, page = render_markdown(report), render_html(report, plots=False)
+    assert "Diagnosis" not in md and "Diagnosis" not in page
+    assert "| `diagnosis` |" in md and "<td>diagnosis</td>" in page
+
+
+def test_reports_without_drafter_keys_are_unchanged():
+    md = render_markdown(make_report("pass"))
+    assert "Diagnosis" not in md and "## Efficiency" not in md
+
+
+def test_diagnosis_lists_failures_its_message_does_not_name():
+    tests = [f"gof@pipeline:prompt{i}/node=d1:{j}" for i in range(2) for j in range(10)]
+    diag = {"culprit": "verifier", "message": "the drafter is consistent but the pipeline's output law is not the "
+            "target's: the verifier (or its wiring) is lossy", "failed_tests": tests}
+    md = render_markdown(make_drafter_report(diagnosis=diag, verdict="fail"))
+    assert "**Diagnosis: the culprit is the verifier (or its wiring).** The drafter is consistent" in md
+    assert "Failing tests (20):" in md and "`gof@pipeline:prompt0/node=d1:0`" in md and "and 8 more." in md
+    # a test whose name is only a prefix of one in the message is still listed
+    diag = {"culprit": "drafter", "message": "failed: pit@draft=10", "failed_tests": ["pit@draft=1", "pit@draft=10"]}
+    assert "Failing tests (2):" in render_markdown(make_drafter_report(diagnosis=diag, verdict="fail"))
+
+
+def test_drafter_sections_escape_everything():
+    eff = _efficiency_extra()
+    eff["model_note"] = EVIL
+    eff["latency"]["note"] = EVIL + " | `tick`"
+    eff["positions"][0]["position"] = EVIL
+    diag = {"culprit": EVIL, "message": EVIL + " **bold** [link](x)", "failed_tests": [EVIL, "a|b`c"]}
+    report = make_drafter_report(efficiency=eff, diagnosis=diag, verdict="fail")
+    page = render_html(report, plots=False)
+    assert EVIL not in page and "<script" not in page.lower()
+    assert page.count(html_escaped(EVIL)) >= 5
+    md = render_markdown(report)
+    outside_code = re.sub(r"```.*?```", "", md, flags=re.S)
+    outside_code = re.sub(r"`[^`]*`", "", outside_code)
+    assert "<" not in outside_code.replace("\\<", "")
+    assert "\\*\\*bold\\*\\* \\[link\\](x)" in md
+
+
+def test_duration_and_count_formatting():
+    from specverify.report.drafter import fmt_count, fmt_seconds
+
+    assert [fmt_seconds(x) for x in (2.5, 0.0047761, 0.000977, 3e-9, "nan", None)] == \
+        ["2.5 s", "4.78 ms", "977 µs", "3 ns", "nan", "—"]
+    assert [fmt_count(x) for x in (8e9, 1.3e8, 7e12, 1234, None)] == ["8B", "130M", "7T", "1,234", "—"]
+
+
+@pytest.mark.slow
+def test_real_drafter_audit_renders_its_sections(tmp_path):
+    from specverify.drafter_audit import audit_drafter
+    from specverify.examples.factories import table_target, zoo_drafter
+
+    report = audit_drafter(zoo_drafter(name="noisy"), table_target(), draft_cost=0.05, model_params=8e9)
+    md = render_markdown(report)
+    assert "**Diagnosis: no culprit.**" in md
+    section = md[md.index("## Efficiency"):md.index("## Acceptance vs its exact expectation")]
+    assert "| 4 (audited) |" in section and "Memory-bound latency per token (8B parameters" in section
+    assert "best K=" in section and "95% CI" in section
+    assert "<h2>Efficiency</h2>" in render_html(report, plots=False)

@@ -44,6 +44,22 @@ Keys read from the report (all optional; absent or malformed -> the section is s
     the exact law of the number of accepted drafts)}`` (each key optional).
     ``"target"``: str, the ``--target`` factory, used only to build the repro command when
     ``Report.command`` is empty.
+    ``"diagnosis"`` (drafter audits): ``{"culprit": "drafter" | "verifier" | "protocol" | None,
+    "message": str (one sentence), "failed_tests": list[str]}``; shown right after the verdict
+    paragraph, the failing tests listed unless the message names them all.
+    ``"efficiency"`` (drafter audits, :mod:`specverify.drafter_audit.efficiency`), shown in its
+    own section (:mod:`specverify.report.drafter`): ``"k"``: int (audited K); ``"ci_level"``:
+    float; ``"rounds"``, ``"tokens_generated"``, ``"tokens_kept"``: int; ``"positions"``: list of
+    ``{"position", "drafted", "accepted", "observed_rate", "ci_low", "ci_high", "expected_rate"}``;
+    ``"mean_accepted"``: float, ``"mean_accepted_ci"``: [low, high], ``"expected_mean_accepted"``;
+    ``"tokens_per_target_pass"``, ``"expected_tokens_per_target_pass"``,
+    ``"target_passes_per_token"``, ``"target_passes_per_kept_token"``: float; ``"model_note"``:
+    str; ``"speedup"``: list of ``{"draft_cost": c, "best_k": int, "best_speedup",
+    "speedup_at_audited_k", "speedups": list[float] (index i is K = i + 1),
+    "seconds_per_token_at_best_k", "seconds_per_token_at_audited_k"}``; ``"latency"``:
+    ``{"model_params", "bytes_per_param", "bandwidth_bytes_per_s", "target_pass_seconds",
+    "note"}``.  Missing or malformed parts skip their row or table; a ``"diagnosis"`` or
+    ``"efficiency"`` with nothing that can be shown stays among the other keys.
     Other keys are shown as JSON.
 
 Minimal counterexample (failures)

@@ -366,7 +366,9 @@ def acceptance(report: Report) -> list[AcceptanceScenario]:
     return out
 
 
-def other_extra(report: Report) -> dict[str, Any]:
+def other_extra(report: Report, *, exclude: Sequence[str] | set[str] = ()) -> dict[str, Any]:
+    """``extra`` less the keys rendered in their own sections (``acceptance``, ``target`` and ``exclude``)."""
     if not isinstance(report.extra, Mapping):
         return {}
-    return {k: v for k, v in report.extra.items() if k not in ("acceptance", "target")}
+    skip = {"acceptance", "target", *exclude}
+    return {k: v for k, v in report.extra.items() if k not in skip}

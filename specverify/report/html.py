@@ -14,6 +14,7 @@ import json
 from typing import Any, Iterable, Mapping, Sequence
 
 from specverify.report import content as c
+from specverify.report import drafter as d
 from specverify.report.plots import PlotSet, render_plots
 from specverify.results import FAIL, PASS, SUSPICIOUS, Report, TestResult
 
@@ -39,11 +40,13 @@ vertical-align:middle}
 table{border-collapse:collapse;margin:8px 0 14px;font-size:13px}
 th,td{border:1px solid #d0d7de;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#f6f8fa} td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-td.method{color:#57606a;font-size:12px}
+td.method{color:#57606a;font-size:12px;min-width:16em}
 tr.g-fail td{background:#fdecea} tr.g-suspicious td{background:#fff6e5}
 figure{margin:14px 0} figure img{max-width:100%;height:auto;border:1px solid #d0d7de}
 figcaption{color:#57606a;font-size:13px} .note{color:#57606a;font-size:13px}
 details summary{cursor:pointer;font-weight:600;margin:6px 0}
+.diagnosis{border:1px solid #d0d7de;border-radius:4px;padding:8px 14px;margin:8px 0 12px;background:#f6f8fa}
+.d-drafter,.d-verifier,.d-protocol,.d-other{border-color:#c62828;background:#fff}
 """
 
 
@@ -78,13 +81,21 @@ def _value(value: Any) -> str:
     return f"<code>{esc(value)}</code>"
 
 
+def _breakable(value: Any) -> str:
+    """Escaped text with optional line breaks after ``:``, ``_``, ``,`` and ``/`` (long ids in narrow columns)."""
+    text = esc(value)
+    for ch in ":_,/":
+        text = text.replace(ch, ch + "<wbr>")
+    return text
+
+
 def _result_rows(results: Sequence[TestResult], start: int) -> tuple[list[list[str]], list[str]]:
     rows, classes = [], []
     for i, r in enumerate(results):
         grade = r.grade or "?"
         rows.append([
             str(start + i), f"<b>{esc(grade.upper())}</b>" if grade in (FAIL, SUSPICIOUS) else esc(grade),
-            esc(r.family), esc(r.name), esc(r.scenario), esc(r.position), esc(c.fmt_int(r.n)),
+            esc(r.family), _breakable(r.name), _breakable(r.scenario), _breakable(r.position), esc(c.fmt_int(r.n)),
             esc(c.fmt(r.statistic, ".4g")), esc(c.fmt(r.pvalue)), esc(c.fmt(r.adjusted_pvalue)),
             esc(c.fmt(r.alpha)), esc(c.fmt(r.mde_tv)), esc(r.method),
         ])
@@ -179,6 +190,55 @@ def _acceptance_section(report: Report) -> list[str]:
     return out
 
 
+def _diagnosis_section(report: Report) -> list[str]:
+    diag = d.diagnosis(report)
+    if diag is None:
+        return []
+    kind = diag.culprit if diag.culprit in d.CULPRIT_LABEL else ("none" if diag.culprit is None else "other")
+    out = [f'<div class="diagnosis d-{kind}"><b>Diagnosis: {esc(diag.headline)}.</b> '
+           f"{esc(diag.sentence)}"]
+    failed = diag.unlisted_failures
+    if failed:
+        shown = ", ".join(f"<code>{esc(t)}</code>" for t in failed[:d.MAX_FAILED_LISTED])
+        more = f" and {len(failed) - d.MAX_FAILED_LISTED} more" if len(failed) > d.MAX_FAILED_LISTED else ""
+        out.append(f"<br>Failing tests ({len(failed)}): {shown}{more}.")
+    return ["".join(out) + "</div>"]
+
+
+def _efficiency_section(report: Report) -> list[str]:
+    eff = d.efficiency(report)
+    if eff is None:
+        return []
+    out = ["<h2>Efficiency</h2>"]
+    sample = d.sample_sentence(eff)
+    if sample:
+        out.append(f"<p>{esc(sample)}</p>")
+    if eff.positions:
+        header, rows = d.position_table(eff)
+        out.append("<p>Acceptance per in-block position (Clopper-Pearson interval; the exact rate is the mean of "
+                   "the per-trial sum<sub>x</sub> min(p, q)):</p>")
+        out.append(table(header, [[esc(x) for x in row] for row in rows], "rrrrrr"))
+    if eff.metrics:
+        header, rows = d.metric_table(eff)
+        out.append(table(header, [[esc(x) for x in row] for row in rows], ".rrr"))
+    if eff.curves:
+        header, rows, best = d.speedup_table(eff)
+        cells = [[f"<b>{esc(x)}</b>" if (i, j) in best else esc(x) for j, x in enumerate(row)]
+                 for i, row in enumerate(rows)]
+        out.append("<p>Speedup over plain decoding (x) by draft length K (columns) for drafter cost c = drafter "
+                   "pass / target pass (rows); the best K in bold:</p>")
+        out.append(table(header, cells, "." + "r" * (len(header) - 1)))
+        if eff.note:
+            out.append(f'<p class="note">Model: {esc(eff.note)}.</p>')
+    latency = d.latency_sentence(eff)
+    if latency:
+        out.append(f"<p>{esc(latency)}</p>")
+    lines = d.speedup_sentences(eff)
+    if lines:
+        out.append("<ul>" + "".join(f"<li>{esc(s)}</li>" for s in lines) + "</ul>")
+    return out
+
+
 def _plots_section(plot_set: PlotSet | None) -> list[str]:
     out = ["<h2>Plots</h2>"]
     if plot_set is None:
@@ -213,6 +273,7 @@ def render_html(report: Report, *, plots: bool = True) -> str:
         f"{esc(c.fmt(report.alpha))} · {len(results)} tests · time {esc(c.fmt(total_time, '.1f', 'n/a'))} s</div>",
         f'<div class="verdict v-{cls}">{esc(c.verdict_paragraph(report))}</div>',
     ]
+    body += _diagnosis_section(report)
     if report.errors:
         body.append(f'<div class="errors"><h2>Implementation errors ({len(report.errors)})</h2>')
         body += [f"<pre>{esc(e)}</pre>" for e in report.errors]
@@ -222,6 +283,7 @@ def render_html(report: Report, *, plots: bool = True) -> str:
              table(["seed", "value"], [[esc(k), _value(v)] for k, v in c.seeds(report)])]
     body += _tests_section(report)
     body += _plots_section(render_plots(report) if plots else None)
+    body += _efficiency_section(report)
     body += _acceptance_section(report)
     if report.scenarios:
         body.append("<h2>Scenarios</h2><ul>")
@@ -234,7 +296,7 @@ def render_html(report: Report, *, plots: bool = True) -> str:
         body.append("</ul>")
     body += _mapping_section("Timings (seconds)", report.timings)
     body += _mapping_section("Environment", report.environment)
-    body += _mapping_section("Other sections", c.other_extra(report))
+    body += _mapping_section("Other sections", c.other_extra(report, exclude=d.rendered_extra_keys(report)))
     head = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>{esc(title)}</title><style>{CSS}</style></head><body>")

@@ -1,9 +1,10 @@
 """Markdown rendering of a :class:`~specverify.results.Report` (``report.md``).
 
-Order: title and one-line configuration, the verdict paragraph, implementation
+Order: title and one-line configuration, the verdict paragraph, the diagnosis
+(drafter audits: which component is at fault), implementation
 errors, the minimal counterexample (failures), the repro command and seeds, the
 test table worst first (capped at ``max_rows`` with an "N more" line), a pointer to
-the plots, acceptance tables,
+the plots, the drafter audit's efficiency section, acceptance tables,
 configuration, timings, environment and other sections.  Every string taken from
 the report is escaped (CommonMark backslash escapes, code spans with a long
 enough fence) so that an implementation name such as ``<script>`` stays text.
@@ -17,6 +18,7 @@ import re
 from typing import Any, Iterable, Mapping, Sequence
 
 from specverify.report import content as c
+from specverify.report import drafter as d
 from specverify.results import FAIL, PASS, SUSPICIOUS, Report, TestResult
 
 __all__ = ["render_markdown", "md_text", "md_code"]
@@ -161,6 +163,52 @@ def acceptance_lines(report: Report) -> list[str]:
     return lines
 
 
+def diagnosis_lines(report: Report) -> list[str]:
+    diag = d.diagnosis(report)
+    if diag is None:
+        return []
+    lines = [f"**Diagnosis: {md_text(diag.headline)}.** {md_text(diag.sentence)}", ""]
+    failed = diag.unlisted_failures
+    if failed:
+        shown = ", ".join(md_code(t) for t in failed[:d.MAX_FAILED_LISTED])
+        more = f" and {len(failed) - d.MAX_FAILED_LISTED} more" if len(failed) > d.MAX_FAILED_LISTED else ""
+        lines += [f"Failing tests ({len(failed)}): {shown}{more}.", ""]
+    return lines
+
+
+def efficiency_lines(report: Report) -> list[str]:
+    eff = d.efficiency(report)
+    if eff is None:
+        return []
+    lines = ["## Efficiency", ""]
+    sample = d.sample_sentence(eff)
+    if sample:
+        lines += [md_text(sample), ""]
+    if eff.positions:
+        header, rows = d.position_table(eff)
+        lines += ["Acceptance per in-block position (Clopper-Pearson interval; the exact rate is the mean of the "
+                  "per-trial sum_x min(p, q)):", ""]
+        lines += table(header, [[md_text(x) for x in row] for row in rows], "rrrrrrl") + [""]
+    if eff.metrics:
+        header, rows = d.metric_table(eff)
+        lines += table(header, [[md_text(x) for x in row] for row in rows], "lrrr") + [""]
+    if eff.curves:
+        header, rows, best = d.speedup_table(eff)
+        cells = [[f"**{md_text(x)}**" if (i, j) in best else md_text(x) for j, x in enumerate(row)]
+                 for i, row in enumerate(rows)]
+        lines += ["Speedup over plain decoding (x) by draft length K (columns) for drafter cost c = drafter pass / "
+                  "target pass (rows); the best K in bold:", ""]
+        lines += table(header, cells, "l" + "r" * (len(header) - 1)) + [""]
+        if eff.note:
+            lines += [f"Model: {md_text(eff.note)}.", ""]
+    latency = d.latency_sentence(eff)
+    if latency:
+        lines += [md_text(latency), ""]
+    if eff.curves:
+        lines += [f"- {md_text(s)}" for s in d.speedup_sentences(eff)] + [""]
+    return lines
+
+
 def mapping_lines(title: str, data: Any) -> list[str]:
     if not isinstance(data, Mapping) or not data:
         return []
@@ -183,6 +231,7 @@ def render_markdown(report: Report, *, max_rows: int = 40) -> str:
         md_text(c.verdict_paragraph(report)),
         "",
     ]
+    lines += diagnosis_lines(report)
     if report.errors:
         lines += [f"## Implementation errors ({len(report.errors)})", ""]
         for e in report.errors:
@@ -214,6 +263,7 @@ def render_markdown(report: Report, *, max_rows: int = 40) -> str:
         lines.append("No statistical tests ran.")
     lines.append("")
     lines += ["## Plots", "", "Plots are embedded in report.html.", ""]
+    lines += efficiency_lines(report)
     lines += acceptance_lines(report)
     if report.scenarios:
         lines += ["## Scenarios", ""]
@@ -226,5 +276,5 @@ def render_markdown(report: Report, *, max_rows: int = 40) -> str:
         lines.append("")
     lines += mapping_lines("Timings (seconds)", report.timings)
     lines += mapping_lines("Environment", report.environment)
-    lines += mapping_lines("Other sections", c.other_extra(report))
+    lines += mapping_lines("Other sections", c.other_extra(report, exclude=d.rendered_extra_keys(report)))
     return "\n".join(lines).rstrip("\n") + "\n"
