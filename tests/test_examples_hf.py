@@ -1,0 +1,78 @@
+"""The HF transformers audit example (specverify.examples.hf): quick mode writes every file, verdicts are valid.
+
+Skipped without transformers.  Quick mode runs the kernel battery on one scenario and two
+tiny decoder configurations (sampling with top-k, greedy), so the whole file takes ~20-30 s.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from specverify.errors import InvalidArgument  # noqa: E402
+from specverify.examples import hf as example  # noqa: E402
+from specverify.report import load_report  # noqa: E402
+
+VERDICTS = {"pass", "suspicious", "fail"}
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("hf-quick")
+    return out, example.generate_hf_reports(out, seed=0, quick=True, plots=False)
+
+
+def test_quick_run_writes_reports_readme_and_repros(quick_run):
+    out, reports = quick_run
+    names = [name for name, _ in reports]
+    assert names == [example.KERNEL_NAME, *example.QUICK_CONFIGS]
+    for name, report in reports:
+        for filename in ("report.json", "report.md", "report.html"):
+            assert (out / name / filename).is_file(), f"{name}/{filename} missing"
+        loaded = load_report(out / name)
+        assert loaded.verdict == report.verdict in VERDICTS
+        assert loaded.verdict == "pass", f"{name}: {loaded.summary()}"  # HF is lossless at these sizes
+        assert loaded.environment["transformers"] == example.TRANSFORMERS_VERSION
+        assert loaded.extra["hf_audit"]["config"] == name
+        assert loaded.command.startswith("python -m specverify.examples.hf --out ")
+        assert all(r.grade in VERDICTS for r in loaded.results)
+        json.loads((out / name / "report.json").read_text())
+    kinds = {name: report.kind for name, report in reports}
+    assert kinds[example.KERNEL_NAME] == "verifier" and kinds["greedy_k3"] == "decoder"
+    greedy = dict(reports)["greedy_k3"]
+    assert any(r.family == "greedy" for r in greedy.results)
+    assert greedy.implementation == "specverify.examples.hf:HFGreedyAssistedDecoder"
+
+    readme = (out / "README.md").read_text()
+    assert f"transformers {example.TRANSFORMERS_VERSION}" in readme
+    for name in names:
+        assert f"[`{name}`]({name}/report.md)" in readme
+    assert "## What the suite found" in readme and "min detectable TV" in readme
+    for script in example.REPRO_SCRIPTS:
+        assert (out / script).is_file() and f"({script})" in readme
+    # the reproducers ran and still reproduce on the installed transformers
+    assert "SUPPORT VIOLATION" in readme
+    assert readme.count("RuntimeError: probability tensor contains") == 2
+
+
+def test_same_seed_same_statistics(quick_run, tmp_path):
+    _, reports = quick_run
+    first = dict(reports)["sample_t0.7_topk8_k2"]
+    (_, again), = example.generate_hf_reports(tmp_path, seed=0, quick=True, plots=False,
+                                              configs=["sample_t0.7_topk8_k2"])
+    assert again.verdict == first.verdict
+    assert [(r.name, r.position, r.statistic, r.pvalue) for r in again.results] == \
+        [(r.name, r.position, r.statistic, r.pvalue) for r in first.results]
+
+
+def test_bad_arguments(tmp_path, capsys):
+    with pytest.raises(InvalidArgument, match="tier"):
+        example.generate_hf_reports(tmp_path, tier="huge")
+    with pytest.raises(InvalidArgument, match="configs"):
+        example.generate_hf_reports(tmp_path, configs=["nope"])
+    assert example.main(["--out", str(tmp_path), "--config", "nope"]) == 2
+    assert "configs must be names" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
