@@ -16,7 +16,9 @@ mutant                      smoke scenario                   why
 residual_next_row           pos8_uniform_k4                  position-dependent rows, frequent rejections
 target_row_shift            pos8_uniform_k4                  position-dependent rows, frequent rejections
 resample_and_continue       markov8_temperature_k2           context-dependent p (Markov), K = 2
-residual_bf16_cdf           pos16_noisy_k1                   many small-mass tokens in the residual / bonus rows
+residual_bf16_cdf           pos16_noisy_k1,                  many small-mass tokens in the residual / bonus rows;
+                            pos256_flat_argmax_k4,           a flat 255-token residual (bf16 CDF steps of 2^-8
+                            pos32_adversary_k4               merge tokens: collisions rise), tiny residual masses
 uniform_bf16_le             pos32_topk_disjoint_k4           drafts only on p = 0 tokens: accepting one is a
                                                              support failure
 residual_overflow_first     pos8_uniform_k4                  any rejection path
@@ -62,7 +64,7 @@ MUTANT_SCENARIOS: dict[str, tuple[str, ...]] = {
     "residual_next_row": ("pos8_uniform_k4",),
     "target_row_shift": ("pos8_uniform_k4",),
     "resample_and_continue": ("markov8_temperature_k2",),
-    "residual_bf16_cdf": ("pos16_noisy_k1",),
+    "residual_bf16_cdf": ("pos16_noisy_k1", "pos256_flat_argmax_k4", "pos32_adversary_k4"),
     "uniform_bf16_le": ("pos32_topk_disjoint_k4",),
     "residual_overflow_first": ("pos8_uniform_k4",),
     "reuse_accept_uniform": ("pos8_uniform_k4",),
