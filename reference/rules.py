@@ -30,16 +30,16 @@ from __future__ import annotations
 
 import torch
 
-from reference.sampling import chunk_rows, fast_check_probs, inverse_cdf, uniform
+from reference.sampling import chunk_rows, inverse_cdf, uniform
 from specverify.errors import InvalidArgument
-from specverify.validation import check_generator, check_shape, check_tokens
+from specverify.validation import check_generator, check_probs, check_shape, check_tokens
 
 __all__ = ["verify", "greedy_verify", "residual_weights", "check_verifier_inputs"]
 
 
 def check_verifier_inputs(target_probs, draft_probs, draft_tokens) -> tuple[int, int, int]:
     """Validate the verifier protocol's inputs; return ``(B, K, V)``."""
-    fast_check_probs("target_probs", target_probs)
+    check_probs("target_probs", target_probs)
     if target_probs.ndim != 3:
         raise InvalidArgument(f"target_probs must have shape (B, K+1, V), got {tuple(target_probs.shape)}")
     B, K1, V = target_probs.shape
@@ -47,7 +47,7 @@ def check_verifier_inputs(target_probs, draft_probs, draft_tokens) -> tuple[int,
         raise InvalidArgument(f"target_probs must have K+1 >= 2 rows per batch entry (K >= 1), got shape {tuple(target_probs.shape)}")
     K = K1 - 1
     check_shape("draft_probs", draft_probs, (B, K, V))
-    fast_check_probs("draft_probs", draft_probs)
+    check_probs("draft_probs", draft_probs)
     check_shape("draft_tokens", draft_tokens, (B, K))
     check_tokens("draft_tokens", draft_tokens, V)
     return B, K, V
@@ -98,31 +98,40 @@ def verify(
     device = target_probs.device
     draft_tokens = draft_tokens.long()
 
-    p_drafted = target_probs[:, :K].gather(-1, draft_tokens[..., None]).squeeze(-1).double()  # (B, K)
-    q_drafted = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1).double()  # (B, K)
+    p_drafted, q_drafted = _drafted_probs(target_probs, draft_probs, draft_tokens)  # (B, K) float64 each
     u = uniform((B, K), generator=generator, device=device)  # (B, K)
     accepted = u * q_drafted < p_drafted  # (B, K)
     num_accepted = accepted.long().cumprod(-1).sum(-1)  # (B,)
 
     # The row each sequence samples its last token from: the residual (p_i - q_i)+ at the
     # first rejected position i, or the target's bonus row p_{K+1} when all K were accepted.
-    # Only these B rows are gathered (in the input dtype) and converted to float64.
-    target_rows = _select_rows(target_probs, num_accepted)  # (B, V)
-    draft_rows = _select_rows(draft_probs, num_accepted.clamp(max=K - 1))  # (B, V)
+    # Only these B rows are gathered (in the input dtype, chunk by chunk) and converted to float64.
+    target_rows = _RowSelector(target_probs, num_accepted)  # (B, V) rows, gathered per chunk
+    draft_rows = _RowSelector(draft_probs, num_accepted.clamp(max=K - 1))  # (B, V)
     rejected = (num_accepted < K).to(torch.float64)[:, None]  # (B, 1)
     # The sampler's draw order: one float64 uniform per row (as ``sample`` draws it).
     u_last = uniform((B, 1), generator=generator, device=device)  # (B, 1)
     last = torch.empty(B, dtype=torch.long, device=device)  # (B,)
+    totals = torch.empty(B, 1, dtype=torch.float64, device=device)  # (B, 1)
     step = chunk_rows(B, V, device)
+    zeros = torch.zeros(min(step, B), 1, dtype=torch.float64, device=device)  # (step, 1)
     for start in range(0, B, step):  # chunks keep each row's float64 work in cache on CPU
         stop = min(start + step, B)
-        target_row = target_rows[start:stop].double()  # (b, V)
-        # (p - q)+ on rejected rows, p on the others (p - 0 * q == p exactly).
-        weights = torch.addcmul(target_row, draft_rows[start:stop].double(), rejected[start:stop], value=-1.0)
-        weights.clamp_min_(0.0)  # (b, V)
-        empty = weights.sum(-1, keepdim=True) <= 0  # (b, 1) residual of mass 0: fall back to p
-        weights = torch.where(empty, target_row, weights)  # (b, V)
-        last[start:stop] = inverse_cdf(weights, u_last[start:stop])[0]
+        # (p - q)+ on rejected rows, p on the others (p - 0 * q == p exactly), in float64.
+        weights = torch.addcmul(
+            target_rows.rows(start, stop), draft_rows.rows(start, stop), rejected[start:stop], value=-1.0
+        ).clamp_min_(0.0)  # (b, V) float64
+        cdf = weights.cumsum_(-1)  # (b, V)
+        total = cdf[:, -1:]  # (b, 1)
+        totals[start:stop] = total
+        # inverse_cdf: the first index whose cumulative weight exceeds u * total (capped below it)
+        x = torch.minimum(u_last[start:stop] * total, torch.nextafter(total, zeros[: stop - start]))  # (b, 1)
+        torch.sum(cdf <= x, -1, out=last[start:stop])
+    # A residual of mass 0 (non-negative weights: total 0 iff every weight is 0) falls back to p.
+    empty = (totals <= 0).squeeze(-1)  # (B,)
+    if bool(empty.any()):
+        rows = empty.nonzero().squeeze(-1)  # (E,)
+        last[rows] = inverse_cdf(_select_rows(target_probs, num_accepted)[rows].double(), u_last[rows])[0]
 
     positions = torch.arange(K1, device=device)  # (K+1,)
     tokens = torch.cat([draft_tokens, torch.zeros_like(draft_tokens[:, :1])], dim=1)  # (B, K+1)
@@ -132,16 +141,47 @@ def verify(
 
 
 def _select_rows(probs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``probs[b, index[b]]`` for probs (B, R, V): one (B, V) copy in the input dtype.
+    """``probs[b, index[b]]`` for probs (B, R, V): one (B, V) copy in the input dtype."""
+    B = probs.shape[0]
+    return probs[torch.arange(B, device=probs.device), index]  # (B, V)
 
-    A contiguous tensor is read with ``index_select`` on its (B*R, V) view (a row
-    memcpy); other layouts (e.g. expanded ones) use advanced indexing.
+
+class _RowSelector:
+    """Rows ``probs[b, index[b]]`` of probs (B, R, V), gathered a chunk of b at a time.
+
+    A contiguous tensor is read with ``index_select`` on its (B*R, V) view (a row memcpy
+    into a cache-resident chunk); other layouts (e.g. expanded ones) use advanced indexing.
     """
-    B, R, V = probs.shape
-    rows = torch.arange(B, device=probs.device)  # (B,)
-    if probs.is_contiguous():
-        return probs.view(B * R, V).index_select(0, rows * R + index)  # (B, V)
-    return probs[rows, index]  # (B, V)
+
+    def __init__(self, probs: torch.Tensor, index: torch.Tensor):
+        B, R, V = probs.shape
+        self.probs = probs
+        self.index = index
+        self.flat = None
+        if probs.is_contiguous():
+            self.flat = probs.view(B * R, V)  # (B*R, V)
+            self.flat_index = index + torch.arange(B, device=probs.device) * R  # (B,)
+
+    def rows(self, start: int, stop: int) -> torch.Tensor:
+        if self.flat is not None:
+            return self.flat.index_select(0, self.flat_index[start:stop])  # (b, V)
+        return self.probs[torch.arange(start, stop, device=self.probs.device), self.index[start:stop]]  # (b, V)
+
+
+def _drafted_probs(target_probs, draft_probs, draft_tokens):
+    """``p_i(x_i)`` and ``q_i(x_i)`` for the K draft positions: two (B, K) float64 tensors."""
+    B, K = draft_tokens.shape
+    V = target_probs.shape[-1]
+    if target_probs.is_contiguous() and draft_probs.is_contiguous() and target_probs.device.type == "cpu":
+        # flat offsets: q at ((b*K + i) * V + x), p at that + b * V (rows of K+1)
+        q_at = torch.add(draft_tokens.reshape(-1), torch.arange(B * K, device=draft_tokens.device), alpha=V)  # (B*K,)
+        p_at = (q_at.view(B, K) + (torch.arange(B, device=draft_tokens.device) * V)[:, None]).view(-1)  # (B*K,)
+        p_drafted = target_probs.view(-1).index_select(0, p_at).view(B, K).double()  # (B, K)
+        q_drafted = draft_probs.view(-1).index_select(0, q_at).view(B, K).double()  # (B, K)
+        return p_drafted, q_drafted
+    p_drafted = target_probs[:, :K].gather(-1, draft_tokens[..., None]).squeeze(-1).double()  # (B, K)
+    q_drafted = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1).double()  # (B, K)
+    return p_drafted, q_drafted
 
 
 def greedy_verify(target_probs: torch.Tensor, draft_tokens: torch.Tensor, *, check: bool = True):
@@ -161,7 +201,7 @@ def greedy_verify(target_probs: torch.Tensor, draft_tokens: torch.Tensor, *, che
     num_emitted : Tensor, shape (B,), long
     """
     if check:
-        fast_check_probs("target_probs", target_probs)
+        check_probs("target_probs", target_probs)
         if target_probs.ndim != 3 or target_probs.shape[1] < 2:
             raise InvalidArgument(f"target_probs must have shape (B, K+1, V) with K >= 1, got {tuple(target_probs.shape)}")
         B, K1, V = target_probs.shape

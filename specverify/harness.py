@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reference.sampling import uniform
+from reference.sampling import chunk_rows, uniform
 from specverify.errors import ImplementationError
 from specverify.models import TableModel
 from specverify.validation import check_generator, check_int
@@ -104,11 +104,67 @@ def sample_contexts(cdf_table: torch.Tensor, contexts: torch.Tensor, *, generato
     by the row total (capped below it), ``searchsorted(right=True)`` so that a token of
     weight 0 is never returned.
     """
-    cdf = cdf_table.index_select(0, contexts.reshape(-1)).view(*contexts.shape, cdf_table.shape[-1])  # (..., V)
-    total = cdf[..., -1:]  # (..., 1)
-    u = uniform(total.shape, generator=generator)  # (..., 1)
-    x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))  # (..., 1)
-    return torch.searchsorted(cdf, x, right=True).squeeze(-1)  # (...)
+    return _ContextSampler(cdf_table)(contexts, generator=generator)
+
+
+class _ContextSampler:
+    """:func:`sample_contexts` for one CDF table, with per-context work done once.
+
+    A draw with uniform ``u`` in context ``c`` returns ``#{j : cdf[c, j] <= x}`` with
+    ``x = min(u * total[c], nextafter(total[c], 0))`` (``searchsorted(right=True)`` on a
+    non-decreasing row).  That token is non-decreasing in ``u``, so on a *guide table*
+    (Chen & Asau 1974) of ``G`` (a power of two) equal slices of [0, 1) per context it is
+    constant on every slice whose two ends give the same token: those draws are one
+    lookup at ``floor(u * G)`` (exact, as ``u * G`` is).  The other draws (at most V - 1
+    slices per context hold a CDF step) gather their CDF rows and count, in cache-sized
+    chunks.  Either way the token is exactly that of the formula above.
+    """
+
+    #: Slices per vocabulary entry (at most 1/16 of the u-mass then falls on ambiguous slices).
+    SLICES_PER_TOKEN = 16
+    #: Largest guide table (entries) and largest precomputation (contexts x slices x V).
+    MAX_GUIDE, MAX_GUIDE_WORK = 1 << 22, 1 << 27
+
+    def __init__(self, cdf_table: torch.Tensor):
+        self.cdf = cdf_table.contiguous()  # (C, V) float64
+        C, V = self.cdf.shape
+        total = self.cdf[:, -1]  # (C,)
+        self.total = total
+        self.cap = torch.nextafter(total, torch.zeros_like(total))  # (C,) largest float64 below the total
+        slices = 1 << max(8, (self.SLICES_PER_TOKEN * V - 1).bit_length())
+        self.slices = slices
+        self.guide = None
+        if C * slices <= self.MAX_GUIDE and C * slices * V <= self.MAX_GUIDE_WORK:
+            edges = torch.arange(slices + 1, dtype=torch.float64) / slices  # (G+1,) exact
+            u_low = edges[:-1].repeat(C)  # (C*G,) first u of each slice
+            u_high = torch.nextafter(edges[1:], torch.zeros(())).repeat(C)  # (C*G,) last u of each slice
+            ctx = torch.arange(C).repeat_interleave(slices)  # (C*G,)
+            low, high = self._exact(ctx, u_low), self._exact(ctx, u_high)  # (C*G,)
+            self.guide = torch.where(low == high, low, -1)  # (C*G,) the token, or -1: ambiguous slice
+
+    def _exact(self, contexts: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """Token ``#{j : cdf[c, j] <= x}`` per draw (contexts (n,), u (n,) float64)."""
+        n, V = contexts.numel(), self.cdf.shape[1]
+        x = torch.minimum(u * self.total[contexts], self.cap[contexts])  # (n,)
+        out = torch.empty(n, dtype=torch.long)  # (n,)
+        step = chunk_rows(n, V, "cpu")
+        for start in range(0, n, step):
+            stop = min(start + step, n)
+            rows = self.cdf.index_select(0, contexts[start:stop])  # (m, V) cached chunk
+            torch.sum(rows <= x[start:stop, None], -1, out=out[start:stop])
+        return out
+
+    def __call__(self, contexts: torch.Tensor, *, generator: torch.Generator) -> torch.Tensor:
+        u = uniform((*contexts.shape, 1), generator=generator).view(-1)  # (n,) one uniform per draw
+        flat = contexts.reshape(-1)  # (n,)
+        if self.guide is None:
+            return self._exact(flat, u).view(contexts.shape)
+        slice_ = (u * self.slices).long()  # (n,) floor(u * G), exact
+        tokens = self.guide.index_select(0, torch.add(slice_, flat, alpha=self.slices))  # (n,)
+        ambiguous = (tokens < 0).nonzero().squeeze(1)  # (a,)
+        if ambiguous.numel():
+            tokens[ambiguous] = self._exact(flat[ambiguous], u[ambiguous])
+        return tokens.view(contexts.shape)
 
 
 def acceptance_overlap(target: TableModel, drafter: TableModel) -> torch.Tensor | None:
@@ -120,6 +176,49 @@ def acceptance_overlap(target: TableModel, drafter: TableModel) -> torch.Tensor 
     step = max(1, OVERLAP_CELLS // max(1, Cd * V * 8))
     for s in range(0, Ct, step):
         out[s : s + step] = torch.minimum(target.table[s : s + step, None], drafter.table[None]).sum(-1)
+    return out
+
+
+class _ReusedBuffer:
+    """A CPU buffer for tensors handed to the verifier, reused only while nothing else holds it.
+
+    Fresh multi-megabyte tensors cost a page fault per 4 KiB on every round (about 5x the
+    cost of the gather that fills them).  The buffer is reused only when its storage has no
+    other user -- no tensor, view, array or capsule of the verifier kept from an earlier call
+    -- so a verifier can never observe the reuse; otherwise (or without the use count) a
+    new buffer is allocated, as a fresh tensor would be.
+    """
+
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+        self.buffer = None
+
+    def _unshared(self) -> bool:
+        use_count = getattr(torch._C, "_storage_Use_Count", None)
+        if use_count is None:
+            return False
+        # our tensor and the temporary storage handle hold two references
+        return use_count(self.buffer.untyped_storage()._cdata) == 2
+
+    def take(self, shape) -> torch.Tensor:
+        """A contiguous tensor of ``shape`` (contents undefined)."""
+        numel = 1
+        for size in shape:
+            numel *= size
+        if self.buffer is None or self.buffer.numel() < numel or not self._unshared():
+            self.buffer = torch.empty(numel, dtype=self.dtype)
+        return self.buffer[:numel].view(shape)
+
+
+def _overlap_rows(target_table, draft_table, target_contexts, draft_contexts) -> torch.Tensor:
+    """``sum_x min(p, q)`` per (target context, drafter context) pair, in cache-sized chunks: (T,) float64."""
+    T, V = target_contexts.numel(), target_table.shape[1]
+    out = torch.empty(T, dtype=torch.float64)  # (T,)
+    step = chunk_rows(T, V, "cpu")
+    for start in range(0, T, step):
+        stop = min(start + step, T)
+        rows = torch.minimum(target_table[target_contexts[start:stop]], draft_table[draft_contexts[start:stop]])  # (m, V)
+        torch.sum(rows, -1, out=out[start:stop])
     return out
 
 
@@ -266,10 +365,14 @@ def run_harness(
     seeds = torch.randint(0, 2**62, (3,), generator=generator).tolist()
     draft_gen = torch.Generator().manual_seed(seeds[0])
     verify_gen = torch.Generator().manual_seed(seeds[1])
-    overlap = acceptance_overlap(target, drafter)
-    draft_cdf = torch.cumsum(drafter.table, -1)  # (C, V) float64, as reference.sampling.sample computes it
+    overlap = acceptance_overlap(target, drafter)  # (Ct, Cd) or None
+    overlap_flat = overlap.view(-1) if overlap is not None else None
+    Cd = drafter.num_contexts
+    # Float64 CDFs of the drafter's rows, as reference.sampling.sample computes them.
+    draft_sampler = _ContextSampler(torch.cumsum(drafter.table, -1))
     t_tab = target.table32 if verifier_dtype == torch.float32 else target.table.to(verifier_dtype)
     d_tab = drafter.table32 if verifier_dtype == torch.float32 else drafter.table.to(verifier_dtype)
+    target_buffer, draft_buffer = _ReusedBuffer(t_tab.dtype), _ReusedBuffer(d_tab.dtype)
     W = L + K + 1
     ar = torch.arange(K + 1)  # (K+1,)
     block_pos_row = ar + 1  # (K+1,)
@@ -278,39 +381,46 @@ def run_harness(
     trial_pos, trial_prob, trial_acc = [], [], []
     num_calls = 0
     for group in range(G):
-        buf = torch.zeros(B, W, dtype=torch.long)
-        tbuf = torch.zeros(B, W, dtype=torch.long)
-        dbuf = torch.zeros(B, W, dtype=torch.long)
-        pbuf = torch.zeros(B, W, dtype=torch.long)
-        lengths = torch.zeros(B, dtype=torch.long)
-        tcur = torch.full((B,), target.initial_context, dtype=torch.long)
-        dcur = torch.full((B,), drafter.initial_context, dtype=torch.long)
-        idx = torch.arange(B)
+        # Every position < L of a row is written (each round writes from the row's length on,
+        # and the length grows by what was emitted), so the buffers need no initialisation.
+        buf = torch.empty(B, W, dtype=torch.long)
+        tbuf = torch.empty(B, W, dtype=torch.long)
+        dbuf = torch.empty(B, W, dtype=torch.long)
+        pbuf = torch.empty(B, W, dtype=torch.long)
+        # State of the unfinished rows only (kept compact, in row order).
+        idx = torch.arange(B)  # (b,) row ids
+        lengths = torch.zeros(B, dtype=torch.long)  # (b,)
+        tcur = torch.full((B,), target.initial_context, dtype=torch.long)  # (b,)
+        dcur = torch.full((B,), drafter.initial_context, dtype=torch.long)  # (b,)
         while idx.numel():
             b = idx.numel()
             # --- draft K tokens exactly from the drafter table
             dctx = torch.empty(b, K + 1, dtype=torch.long)  # (b, K+1) drafter context before each position
-            dctx[:, 0] = dcur[idx]
+            dctx[:, 0] = dcur
             if drafter.token_independent:
                 for i in range(K):
                     dctx[:, i + 1] = drafter.next_context(dctx[:, i], dctx[:, i])
-                drafts = sample_contexts(draft_cdf, dctx[:, :K], generator=draft_gen)  # (b, K)
+                drafts = draft_sampler(dctx[:, :K], generator=draft_gen)  # (b, K)
             else:
                 drafts = torch.empty(b, K, dtype=torch.long)
                 for i in range(K):
-                    drafts[:, i] = sample_contexts(draft_cdf, dctx[:, i], generator=draft_gen)
+                    drafts[:, i] = draft_sampler(dctx[:, i], generator=draft_gen)
                     dctx[:, i + 1] = drafter.next_context(dctx[:, i], drafts[:, i])
             # --- target contexts of the K+1 positions of the drafted block
             tctx = torch.empty(b, K + 1, dtype=torch.long)  # (b, K+1)
-            tctx[:, 0] = tcur[idx]
+            tctx[:, 0] = tcur
             for i in range(K):
                 tctx[:, i + 1] = target.next_context(tctx[:, i], drafts[:, i])
-            target_probs = t_tab.index_select(0, tctx.reshape(-1)).view(b, K + 1, V)  # (b, K+1, V)
-            draft_probs = d_tab.index_select(0, dctx[:, :K].reshape(-1)).view(b, K, V)  # (b, K, V)
+            dctx_k = dctx[:, :K].reshape(-1)  # (b*K,)
+            target_probs = target_buffer.take((b, K + 1, V))  # (b, K+1, V)
+            torch.index_select(t_tab, 0, tctx.view(-1), out=target_probs.view(b * (K + 1), V))
+            draft_probs = draft_buffer.take((b, K, V))  # (b, K, V)
+            torch.index_select(d_tab, 0, dctx_k, out=draft_probs.view(b * K, V))
             if group == 0 and num_calls == 0 and determinism_rows > 0:
                 r = min(b, determinism_rows)
                 check_determinism(verify, target_probs[:r], draft_probs[:r], drafts[:r], seed=seeds[2] % 2**63)
             tokens, num_emitted = call_verifier(verify, target_probs, draft_probs, drafts.clone(), generator=verify_gen)
+            del target_probs, draft_probs
             num_calls += 1
             # --- acceptance trials
             last_j = (num_emitted - 1)[:, None]  # (b, 1)
@@ -320,26 +430,32 @@ def run_harness(
             corrected = bonus | (last != last_draft)
             accepted_n = torch.where(corrected, num_emitted - 1, num_emitted)  # (b,)
             trials_n = torch.where(bonus, torch.full_like(num_emitted, K), num_emitted)  # (b,)
-            if overlap is not None:
-                accept_probs = overlap[tctx[:, :K], dctx[:, :K]]  # (b, K)
+            # flat indices (row-major) of the trials: the first trials_n[b] positions of row b
+            trial_at = (ar[None, :K] < trials_n[:, None]).view(-1).nonzero().squeeze(1)  # (T,)
+            trial_j = trial_at % K  # (T,) in-block position - 1
+            trial_pos.append(trial_j + 1)
+            trial_acc.append(trial_j < accepted_n.index_select(0, trial_at // K))
+            trial_tctx = tctx[:, :K].reshape(-1).index_select(0, trial_at)  # (T,)
+            trial_dctx = dctx_k.index_select(0, trial_at)  # (T,)
+            if overlap_flat is not None:
+                trial_prob.append(overlap_flat.index_select(0, torch.add(trial_dctx, trial_tctx, alpha=Cd)))
             else:
-                accept_probs = torch.minimum(target.table[tctx[:, :K]], drafter.table[dctx[:, :K]]).sum(-1)  # (b, K)
-            in_trial = ar[None, :K] < trials_n[:, None]  # (b, K)
-            trial_pos.append(block_pos_row[:K].expand(b, K)[in_trial])
-            trial_prob.append(accept_probs[in_trial])
-            trial_acc.append((ar[None, :K] < accepted_n[:, None])[in_trial])
+                trial_prob.append(_overlap_rows(target.table, drafter.table, trial_tctx, trial_dctx))
             # --- append the emitted block (entries past num_emitted are overwritten later or cut at L)
-            flat = (idx * W + lengths[idx])[:, None] + ar  # (b, K+1)
-            buf.view(-1)[flat] = tokens
-            tbuf.view(-1)[flat] = tctx
-            dctx_out = dctx.clone()
-            dctx_out[:, K] = -1
-            dbuf.view(-1)[flat] = dctx_out
-            pbuf.view(-1)[flat] = block_pos_row.expand(b, K + 1)
-            tcur[idx] = target.next_context(tctx.gather(1, last_j).squeeze(1), last)
-            dcur[idx] = drafter.next_context(dctx.gather(1, last_j).squeeze(1), last)
-            lengths[idx] += num_emitted
-            idx = idx[lengths[idx] < L]
+            flat = ((idx * W + lengths)[:, None] + ar).view(-1)  # (b*(K+1),)
+            buf.view(-1).index_copy_(0, flat, tokens.reshape(-1))
+            tbuf.view(-1).index_copy_(0, flat, tctx.view(-1))
+            d_last = dctx.gather(1, last_j).squeeze(1)  # (b,)
+            dctx[:, K] = -1  # the bonus position has no draft law
+            dbuf.view(-1).index_copy_(0, flat, dctx.view(-1))
+            pbuf.view(-1).index_copy_(0, flat, block_pos_row.repeat(b))
+            tcur = target.next_context(tctx.gather(1, last_j).squeeze(1), last)  # (b,)
+            dcur = drafter.next_context(d_last, last)  # (b,)
+            lengths = lengths + num_emitted
+            unfinished = lengths < L  # (b,)
+            if not bool(unfinished.all()):
+                keep = unfinished.nonzero().squeeze(1)  # (b',)
+                idx, lengths, tcur, dcur = idx[keep], lengths[keep], tcur[keep], dcur[keep]
         out_tokens.append(buf[:, :L])
         out_tctx.append(tbuf[:, :L])
         out_dctx.append(dbuf[:, :L])
