@@ -38,7 +38,7 @@ def main(num_rows: int = 1_000_000, K: int = 4, V: int = 8, seed: int = 0) -> in
     tokens, num_emitted = verify(target_probs, draft_probs, draft_tokens, generator=generator)
     seconds = time.perf_counter() - start
 
-    print(f"canonical rule, adversarial drafter (90% of q on the target's least likely token)")
+    print("canonical rule, adversarial drafter (90% of q on the target's least likely token)")
     print(f"B={num_rows:,} rows, K={K}, V={V}, seed={seed}; {seconds:.2f}s for drafting + verification\n")
     for i in range(K + 1):
         emitted = num_emitted > i  # (B,) rows whose block reached position i+1

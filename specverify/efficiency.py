@@ -17,8 +17,6 @@ bf16 model on an H100: 16 GB / 3.35 TB/s ~ 4.8 ms).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
-
 import numpy as np
 
 from specverify.errors import InvalidArgument

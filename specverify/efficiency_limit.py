@@ -227,7 +227,7 @@ def estimate_law_limit(verify, scenario, position: str, family: str, *, rows: in
     run = run_harness(verify, target, drafter, k=scenario.k, batch_size=B, length=scenario.length,
                       generator=gen, num_groups=max(1, math.ceil(rows / B)))
     table = target.table.numpy().astype(np.float64)  # (C, V)
-    V, L = target.vocab_size, run.length
+    V = target.vocab_size
     tok, ctx, bpos = run.tokens.numpy(), run.target_contexts.numpy(), run.block_positions.numpy()
     total = tok.size
     out: dict = {"mc_rows": int(tok.shape[0]), "mc_tokens": int(total)}

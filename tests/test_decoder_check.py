@@ -32,13 +32,6 @@ ALPHA = 1e-6
 V_TABLE = 16
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
 
 def _describe(report: Report) -> str:
     return report.summary()

@@ -26,13 +26,6 @@ ALPHA = 1e-6
 K = 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
 
 TARGETS = {
     "markov": lambda: markov(16, "peaked", seed=1),

@@ -37,14 +37,6 @@ B = 200_000  # rows per equivalence check (100k on the V = 32 scenario "tail")
 B_MUTANT = 100_000  # rows per power check (every mutant's p-value is < 1e-15 at 50k)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: these ops are small, and on shared cores OpenMP spinning costs 5-10x CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 # ---------------------------------------------------------------- scenarios
 

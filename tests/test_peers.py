@@ -18,14 +18,6 @@ from specverify.mutants import by_name
 from specverify.peers import PEERS, PeerResult, peer_matrix
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: on shared cores OpenMP spinning costs several times the CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @functools.lru_cache(maxsize=None)
 def reference_result(peer_name: str, run: int) -> PeerResult:

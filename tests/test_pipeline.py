@@ -28,13 +28,6 @@ ALPHA = 1e-7
 PROMPT = torch.tensor([3, 1, 4])
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
 
 def residual_is_p(target_probs, draft_probs, draft_tokens, *, generator):
     """Lossy verifier (Spec-RL #14): canonical accept step, but the replacement token is drawn from p."""

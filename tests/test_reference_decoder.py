@@ -29,13 +29,6 @@ ALPHA = 1e-7
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
 
 def greedy_continuation(target, prompts, n):
     """The target's greedy continuation by full (uncached) forward passes: (B, n)."""

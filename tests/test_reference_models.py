@@ -26,14 +26,6 @@ from specverify.errors import InvalidArgument
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny kernels: OpenMP barriers dominate on a shared 2-core machine.
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
 
 def _tokens(B, n, V, seed):
     return torch.randint(0, V, (B, n), generator=torch.Generator().manual_seed(seed))
