@@ -234,7 +234,8 @@ def ratio_scores(target_probs, draft_probs, tokens, *, clip: float | None = 10.0
     for s in range(0, x.size, step):
         pp, qq, xx = p[s:s + step], q[s:s + step], x[s:s + step]  # (n, V), (n, V), (n,)
         pos = pp > 0
-        ratio = np.where(pos, qq / np.where(pos, pp, 1.0), 0.0)  # (n, V)
+        with np.errstate(over="ignore"):  # q/p beyond float range is inf, then clipped
+            ratio = np.where(pos, qq / np.where(pos, pp, 1.0), 0.0)  # (n, V)
         if clip is not None:
             ratio = np.minimum(ratio, clip)
         mean = (pp * ratio).sum(axis=1)
