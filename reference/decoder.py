@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reference.direct import TargetAdapter, validate_generate_args
+from reference.direct import TargetAdapter, generate_in_chunks
 from reference.models import KVCache, NGramDrafter, TinyTransformer
 from reference.processors import SamplingConfig, greedy_probs, logits_to_probs
 from reference.rules import greedy_verify, verify
@@ -178,15 +178,8 @@ class SpeculativeDecoder:
     # ---------------------------------------------------------------- public API
     def generate(self, prompt: torch.Tensor, *, num_samples: int, max_new_tokens: int, seed: int) -> torch.Tensor:
         """Decoder protocol: ``num_samples`` continuations of ``prompt`` (T,) -> (num_samples, max_new_tokens) long."""
-        prompt, num_samples, max_new_tokens, seed = validate_generate_args(
-            prompt, num_samples, max_new_tokens, seed, self.vocab_size)
-        generator = torch.Generator(device=self.device).manual_seed(seed)
-        prompt = prompt.to(self.device).long()
-        chunks = []
-        for start in range(0, num_samples, self.max_batch):
-            B = min(self.max_batch, num_samples - start)
-            chunks.append(self.generate_batch(prompt.expand(B, -1), max_new_tokens, generator=generator).tokens)
-        return torch.cat(chunks)  # (num_samples, max_new_tokens)
+        return generate_in_chunks(self.generate_batch, prompt, num_samples=num_samples, max_new_tokens=max_new_tokens,
+                                  seed=seed, vocab_size=self.vocab_size, device=self.device, max_batch=self.max_batch)
 
     def generate_batch(self, prompts: torch.Tensor, max_new_tokens: int, *, generator: torch.Generator) -> DecodeResult:
         """Decode ``max_new_tokens`` new tokens for every row of ``prompts`` (B, T)."""

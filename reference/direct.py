@@ -22,7 +22,7 @@ from reference.sampling import sample
 from specverify.errors import InvalidArgument
 from specverify.validation import check_generator, check_int, check_shape, check_tokens
 
-__all__ = ["DirectSampler", "TargetAdapter", "validate_generate_args"]
+__all__ = ["DirectSampler", "TargetAdapter", "validate_generate_args", "generate_in_chunks"]
 
 
 def validate_generate_args(prompt, num_samples, max_new_tokens, seed, vocab_size: int):
@@ -94,6 +94,26 @@ class TargetAdapter:
         return torch.cat(out)  # (B, n, V)
 
 
+def generate_in_chunks(generate_batch, prompt: torch.Tensor, *, num_samples: int, max_new_tokens: int, seed: int,
+                       vocab_size: int, device, max_batch: int) -> torch.Tensor:
+    """The decoder protocol on top of a batched decoder: validate, seed one generator, decode in chunks.
+
+    ``generate_batch(prompts (B, T), max_new_tokens, *, generator)`` returns the new tokens
+    (B, max_new_tokens) (or an object with ``.tokens``); rows of all chunks share one generator,
+    so the output depends only on ``seed`` and ``max_batch``.
+    """
+    prompt, num_samples, max_new_tokens, seed = validate_generate_args(
+        prompt, num_samples, max_new_tokens, seed, vocab_size)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    prompt = prompt.to(device).long()
+    chunks = []
+    for start in range(0, num_samples, max_batch):
+        B = min(max_batch, num_samples - start)
+        out = generate_batch(prompt.expand(B, -1), max_new_tokens, generator=generator)
+        chunks.append(getattr(out, "tokens", out))  # (B, max_new_tokens)
+    return torch.cat(chunks)  # (num_samples, max_new_tokens)
+
+
 class DirectSampler:
     """Autoregressive sampling of the processed target law (one target pass per token)."""
 
@@ -110,15 +130,8 @@ class DirectSampler:
 
     def generate(self, prompt: torch.Tensor, *, num_samples: int, max_new_tokens: int, seed: int) -> torch.Tensor:
         """Decoder protocol: (T,) prompt -> (num_samples, max_new_tokens) long."""
-        prompt, num_samples, max_new_tokens, seed = validate_generate_args(
-            prompt, num_samples, max_new_tokens, seed, self.vocab_size)
-        generator = torch.Generator(device=self.device).manual_seed(seed)
-        prompt = prompt.to(self.device).long()
-        chunks = []
-        for start in range(0, num_samples, self.max_batch):
-            B = min(self.max_batch, num_samples - start)
-            chunks.append(self.generate_batch(prompt.expand(B, -1), max_new_tokens, generator=generator))
-        return torch.cat(chunks)  # (num_samples, max_new_tokens)
+        return generate_in_chunks(self.generate_batch, prompt, num_samples=num_samples, max_new_tokens=max_new_tokens,
+                                  seed=seed, vocab_size=self.vocab_size, device=self.device, max_batch=self.max_batch)
 
     def generate_batch(self, prompts: torch.Tensor, max_new_tokens: int, *, generator: torch.Generator) -> torch.Tensor:
         """``max_new_tokens`` new tokens for every row of ``prompts`` (B, T): (B, max_new_tokens) long."""

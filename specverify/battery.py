@@ -44,7 +44,7 @@ from specverify.harness import HarnessRun, run_harness
 from specverify.models import TableModel
 from specverify.results import FAIL, Report, TestResult
 from specverify.scenarios import TIERS, Scenario, get_scenarios, scenario_seed
-from specverify.validation import check_alpha, check_int
+from specverify.validation import check_alpha, check_int, check_run_options
 
 __all__ = ["check_verifier", "check_greedy_verifier", "check_verifier_on", "list_scenarios", "analyse_run", "run_scenario", "environment"]
 
@@ -302,12 +302,7 @@ def check_verifier(
     """
     if not callable(verify):
         raise InvalidArgument(f"verify must be callable, got {verify!r}")
-    if tier not in TIERS:
-        raise InvalidArgument(f"tier must be one of {TIERS}, got {tier!r}")
-    seed = check_int("seed", seed, minimum=0)
-    alpha = check_alpha("alpha", alpha)
-    if progress is not None and not callable(progress):
-        raise InvalidArgument(f"progress must be callable or None, got {progress!r}")
+    seed, alpha = check_run_options(tier, TIERS, seed, alpha, progress)
     chosen = get_scenarios(scenarios, greedy=greedy)
     start, cpu_start = time.perf_counter(), time.process_time()
     results, errors, timings, cpu = [], [], {}, {}

@@ -217,3 +217,18 @@ def check_tokens(name: str, tokens, vocab_size: int) -> torch.Tensor:
                 f"{name}[{_index(i, tokens.shape)}] is {int(tokens.flatten()[i])}, outside the vocabulary [0, {vocab_size})"
             )
     return tokens
+
+
+def check_run_options(tier, tiers, seed, alpha, progress) -> tuple[int, float]:
+    """Validate the options every audit entry point shares; return ``(seed, alpha)``.
+
+    ``tier`` must be one of ``tiers``, ``seed`` an integer >= 0, ``alpha`` in (0, 1)
+    and ``progress`` None or a ``progress(done, total, name)`` callable.
+    """
+    if tier not in tuple(tiers):
+        raise InvalidArgument(f"tier must be one of {tuple(tiers)}, got {tier!r}")
+    seed = check_int("seed", seed, minimum=0)
+    alpha = check_alpha("alpha", alpha)
+    if progress is not None and not callable(progress):
+        raise InvalidArgument(f"progress must be callable(done, total, name) or None, got {progress!r}")
+    return seed, alpha

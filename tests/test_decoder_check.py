@@ -28,9 +28,10 @@ from specverify.errors import InvalidArgument
 from specverify.models import markov
 from specverify.results import Report
 
+from _targets import WithConditionals
+
 ALPHA = 1e-6
 V_TABLE = 16
-
 
 
 def _describe(report: Report) -> str:
@@ -60,21 +61,6 @@ class TableSampler:
                 probs = probs ** (1.0 / self.temperature)
             seq = torch.cat([seq, sample(probs, generator=generator)[:, None]], dim=1)
         return seq[:, prompt.numel():]
-
-
-class WithConditionals:
-    """A table target that also offers the batched teacher-forced ``conditionals``."""
-
-    def __init__(self, model):
-        self.model, self.vocab_size = model, model.vocab_size
-
-    def next_token_probs(self, prefix):
-        return self.model.next_token_probs(prefix)
-
-    def conditionals(self, sequences, start):
-        B, S = sequences.shape
-        rows = [self.model.probs_at(sequences, torch.full((B,), t, dtype=torch.long)) for t in range(start, S)]
-        return torch.stack(rows, dim=1)  # (B, S - start, V)
 
 
 @pytest.fixture(scope="module")

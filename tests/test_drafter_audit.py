@@ -30,7 +30,6 @@ ALPHA = 1e-6
 K = 4
 
 
-
 @pytest.fixture(scope="module")
 def table():
     return markov(16, "peaked", seed=1)

@@ -26,7 +26,6 @@ ALPHA = 1e-6
 K = 4
 
 
-
 TARGETS = {
     "markov": lambda: markov(16, "peaked", seed=1),
     "positional": lambda: positional(16, 12, "peaked", seed=2),  # rows differ past prompt + K positions

@@ -37,7 +37,6 @@ B = 200_000  # rows per equivalence check (100k on the V = 32 scenario "tail")
 B_MUTANT = 100_000  # rows per power check (every mutant's p-value is < 1e-15 at 50k)
 
 
-
 # ---------------------------------------------------------------- scenarios
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ from specverify.mutants import by_name
 from specverify.peers import PEERS, PeerResult, peer_matrix
 
 
-
 @functools.lru_cache(maxsize=None)
 def reference_result(peer_name: str, run: int) -> PeerResult:
     """The peer on the canonical rule at seed 0 (``run`` tells repeated runs apart)."""

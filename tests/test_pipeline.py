@@ -24,9 +24,10 @@ from specverify.errors import ImplementationError, InvalidArgument
 from specverify.models import PositionalCategorical, markov, positional
 from specverify.pipeline import ProtocolDecoder, merge_stats
 
+from _targets import WithConditionals
+
 ALPHA = 1e-7
 PROMPT = torch.tensor([3, 1, 4])
-
 
 
 def residual_is_p(target_probs, draft_probs, draft_tokens, *, generator):
@@ -139,21 +140,6 @@ def test_same_seed_same_output_and_seeds_matter(table):
     b = decoder.generate(PROMPT, num_samples=64, max_new_tokens=10, seed=5)
     c = decoder.generate(PROMPT, num_samples=64, max_new_tokens=10, seed=6)
     assert torch.equal(a, b) and not torch.equal(a, c)
-
-
-class WithConditionals:
-    """The table target plus the optional batched ``conditionals`` extension."""
-
-    def __init__(self, model):
-        self.model, self.vocab_size = model, model.vocab_size
-
-    def next_token_probs(self, prefix):
-        return self.model.next_token_probs(prefix)
-
-    def conditionals(self, sequences, start):
-        B, S = sequences.shape
-        rows = [self.model.probs_at(sequences, torch.full((B,), t, dtype=torch.long)) for t in range(start, S)]
-        return torch.stack(rows, dim=1)  # (B, S - start, V)
 
 
 def test_batched_conditionals_give_the_same_run(table):

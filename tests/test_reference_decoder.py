@@ -29,7 +29,6 @@ ALPHA = 1e-7
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-
 def greedy_continuation(target, prompts, n):
     """The target's greedy continuation by full (uncached) forward passes: (B, n)."""
     seq = prompts.clone()

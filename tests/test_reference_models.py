@@ -26,7 +26,6 @@ from specverify.errors import InvalidArgument
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-
 def _tokens(B, n, V, seed):
     return torch.randint(0, V, (B, n), generator=torch.Generator().manual_seed(seed))
 

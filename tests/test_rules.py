@@ -19,6 +19,7 @@ from _strategies import normalise, pooled_chisquare, weight_rows
 from reference.rules import check_verifier_inputs, greedy_verify, residual_weights, verify
 from reference.sampling import sample, uniform
 from specverify import exact
+from specverify.mutants import by_name
 
 ALPHA = 1e-7
 
@@ -26,37 +27,9 @@ ALPHA = 1e-7
 # --------------------------------------------------------------------------- planted wrong rules
 
 
-def verify_residual_is_p(target_probs, draft_probs, draft_tokens, *, generator):
-    """Spec-RL #14: on rejection resample from p instead of (p - q)+."""
-    B, K1, V = target_probs.shape
-    K = K1 - 1
-    p_x = target_probs[:, :K].gather(-1, draft_tokens[..., None]).squeeze(-1).double()  # (B, K)
-    q_x = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1).double()  # (B, K)
-    u = uniform((B, K), generator=generator)  # (B, K)
-    num_accepted = (u * q_x < p_x).long().cumprod(-1).sum(-1)  # (B,)
-    rows = torch.arange(B)
-    last = sample(target_probs[rows, num_accepted].double(), generator=generator)  # (B,)
-    tokens = torch.cat([draft_tokens, torch.zeros_like(draft_tokens[:, :1])], 1)  # (B, K+1)
-    tokens[rows, num_accepted] = last
-    return tokens, num_accepted + 1
-
-
-def verify_bonus_from_residual(target_probs, draft_probs, draft_tokens, *, generator):
-    """EAGLE PR #47: after K acceptances the bonus is drawn from the residual of position K."""
-    B, K1, V = target_probs.shape
-    K = K1 - 1
-    p_x = target_probs[:, :K].gather(-1, draft_tokens[..., None]).squeeze(-1).double()  # (B, K)
-    q_x = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1).double()  # (B, K)
-    u = uniform((B, K), generator=generator)  # (B, K)
-    num_accepted = (u * q_x < p_x).long().cumprod(-1).sum(-1)  # (B,)
-    rows = torch.arange(B)
-    position = num_accepted.clamp(max=K - 1)  # (B,)
-    weights = residual_weights(target_probs[rows, position], draft_probs[rows, position])  # (B, V)
-    weights = torch.where(weights.sum(-1, keepdim=True) > 0, weights, target_probs[rows, position].double())
-    last = sample(weights, generator=generator)  # (B,)
-    tokens = torch.cat([draft_tokens, torch.zeros_like(draft_tokens[:, :1])], 1)  # (B, K+1)
-    tokens[rows, num_accepted] = last
-    return tokens, num_accepted + 1
+# The catalogue's versions (specverify.mutants; their own tests are in test_mutants.py).
+verify_residual_is_p = by_name("residual_is_p").fn  # Spec-RL #14: resample from p, not (p - q)+
+verify_bonus_from_residual = by_name("bonus_from_residual").fn  # EAGLE PR #47: bonus from r_K, not p_{K+1}
 
 
 # --------------------------------------------------------------------------- the statistical check

@@ -45,7 +45,7 @@ import torch
 from specverify import stats
 from specverify.errors import ImplementationError, InvalidArgument
 from specverify.results import FAIL, Report, TestResult
-from specverify.validation import check_alpha, check_int
+from specverify.validation import check_int, check_run_options
 
 from .exact import ExactPlan, analyse_exact
 from .protocol import (call_generate, check_determinism, derive_seed, generate_fn, implementation_name,
@@ -165,12 +165,7 @@ def check_decoder(decoder, target=None, *, reference=None, tier: str = "smoke", 
         On bad arguments of this function (never for a misbehaving implementation).
     """
     started = time.perf_counter()
-    if tier not in TIER_PLANS:
-        raise InvalidArgument(f"tier must be one of {tuple(TIER_PLANS)}, got {tier!r}")
-    seed = check_int("seed", seed, minimum=0)
-    alpha = check_alpha("alpha", alpha)
-    if progress is not None and not callable(progress):
-        raise InvalidArgument(f"progress must be callable(done, total, name) or None, got {progress!r}")
+    seed, alpha = check_run_options(tier, TIER_PLANS, seed, alpha, progress)
     if greedy not in (None, True, False):
         raise InvalidArgument(f"greedy must be None, True or False, got {greedy!r}")
     generate = generate_fn(decoder)

@@ -50,7 +50,7 @@ from specverify.decoder_check.protocol import derive_seed, implementation_name, 
 from specverify.errors import ImplementationError, InvalidArgument
 from specverify.pipeline import ProtocolDecoder, merge_stats
 from specverify.results import FAIL, Report, TestResult
-from specverify.validation import check_alpha, check_int
+from specverify.validation import check_int, check_run_options
 
 from .consistency import analyse_consistency, check_drafter_determinism, consistency_summary, draw_drafts
 from .efficiency import acceptance_entry, acceptance_results, efficiency_section
@@ -166,12 +166,7 @@ def audit_drafter(drafter, target, *, verifier=None, tier: str = "smoke", seed: 
         is reported in ``Report.errors`` instead).
     """
     started = time.perf_counter()
-    if tier not in AUDIT_PLANS:
-        raise InvalidArgument(f"tier must be one of {tuple(AUDIT_PLANS)}, got {tier!r}")
-    seed = check_int("seed", seed, minimum=0)
-    alpha = check_alpha("alpha", alpha)
-    if progress is not None and not callable(progress):
-        raise InvalidArgument(f"progress must be callable(done, total, name) or None, got {progress!r}")
+    seed, alpha = check_run_options(tier, AUDIT_PLANS, seed, alpha, progress)
     if not callable(getattr(drafter, "draft", None)):
         raise InvalidArgument(f"drafter must have a .draft(prefix, k, *, generator) method, got {type(drafter).__name__}")
     if not callable(getattr(target, "next_token_probs", None)):

@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from specverify.errors import InvalidArgument
+from specverify.validation import check_alpha  # noqa: F401  (re-exported for the stats modules)
 
 __all__ = [
     "as_float_array",
@@ -90,17 +91,6 @@ def as_probs(name: str, value, *, ndim: int = 1, size: int | None = None) -> np.
         i = np.unravel_index(int(np.flatnonzero(zero)[0]), zero.shape) if zero.ndim else ()
         raise InvalidArgument(f"{name}[{_where(i)}] sums to 0 (expected a positive sum)")
     return arr / sums
-
-
-def check_alpha(name: str, value) -> float:
-    """``value`` as a float in (0, 1)."""
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise InvalidArgument(f"{name} must be a number in (0, 1), got {value!r}") from None
-    if not 0.0 < value < 1.0:
-        raise InvalidArgument(f"{name} must be in (0, 1), got {value!r}")
-    return value
 
 
 def check_e_min(value) -> float:
