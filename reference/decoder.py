@@ -37,13 +37,13 @@ from dataclasses import dataclass
 
 import torch
 
-from reference.direct import TargetAdapter, generate_in_chunks
+from reference.direct import TargetAdapter, generate_in_chunks, validate_batch_args
 from reference.models import KVCache, NGramDrafter, TinyTransformer
 from reference.processors import SamplingConfig, greedy_probs, logits_to_probs
 from reference.rules import greedy_verify, verify
 from reference.sampling import sample
 from specverify.errors import InvalidArgument
-from specverify.validation import check_generator, check_int, check_shape, check_tokens
+from specverify.validation import check_int
 
 __all__ = ["SpeculativeDecoder", "DecodeResult", "DecodeStats"]
 
@@ -183,14 +183,7 @@ class SpeculativeDecoder:
 
     def generate_batch(self, prompts: torch.Tensor, max_new_tokens: int, *, generator: torch.Generator) -> DecodeResult:
         """Decode ``max_new_tokens`` new tokens for every row of ``prompts`` (B, T)."""
-        check_shape("prompts", prompts, (None, None))
-        check_tokens("prompts", prompts, self.vocab_size)
-        if prompts.shape[0] < 1 or prompts.shape[1] < 1:
-            raise InvalidArgument(f"prompts must have shape (B, T) with B, T >= 1, got {tuple(prompts.shape)}")
-        max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=1)
-        check_generator("generator", generator)
-        if generator.device.type != self.device.type:
-            raise InvalidArgument(f"generator is on {generator.device}, the models on {self.device}")
+        max_new_tokens = validate_batch_args(prompts, max_new_tokens, generator, self.vocab_size, self.device)
         B, T = prompts.shape
         prompts = prompts.to(self.device).long()
         capacity = T + max_new_tokens + 2 * self.k + 2

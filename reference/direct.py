@@ -22,7 +22,7 @@ from reference.sampling import sample
 from specverify.errors import InvalidArgument
 from specverify.validation import check_generator, check_int, check_shape, check_tokens
 
-__all__ = ["DirectSampler", "TargetAdapter", "validate_generate_args", "generate_in_chunks"]
+__all__ = ["DirectSampler", "TargetAdapter", "validate_generate_args", "validate_batch_args", "generate_in_chunks"]
 
 
 def validate_generate_args(prompt, num_samples, max_new_tokens, seed, vocab_size: int):
@@ -94,6 +94,20 @@ class TargetAdapter:
         return torch.cat(out)  # (B, n, V)
 
 
+def validate_batch_args(prompts, max_new_tokens, generator, vocab_size: int, device) -> int:
+    """Check ``generate_batch``'s arguments (prompts (B, T) in-vocabulary, B, T >= 1; a generator
+    on the models' device); return ``max_new_tokens`` as an int."""
+    check_shape("prompts", prompts, (None, None))
+    check_tokens("prompts", prompts, vocab_size)
+    if prompts.shape[0] < 1 or prompts.shape[1] < 1:
+        raise InvalidArgument(f"prompts must have shape (B, T) with B, T >= 1, got {tuple(prompts.shape)}")
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=1)
+    check_generator("generator", generator)
+    if generator.device.type != torch.device(device).type:
+        raise InvalidArgument(f"generator is on {generator.device}, the model on {device}")
+    return max_new_tokens
+
+
 def generate_in_chunks(generate_batch, prompt: torch.Tensor, *, num_samples: int, max_new_tokens: int, seed: int,
                        vocab_size: int, device, max_batch: int) -> torch.Tensor:
     """The decoder protocol on top of a batched decoder: validate, seed one generator, decode in chunks.
@@ -135,14 +149,7 @@ class DirectSampler:
 
     def generate_batch(self, prompts: torch.Tensor, max_new_tokens: int, *, generator: torch.Generator) -> torch.Tensor:
         """``max_new_tokens`` new tokens for every row of ``prompts`` (B, T): (B, max_new_tokens) long."""
-        check_shape("prompts", prompts, (None, None))
-        check_tokens("prompts", prompts, self.vocab_size)
-        if prompts.shape[0] < 1 or prompts.shape[1] < 1:
-            raise InvalidArgument(f"prompts must have shape (B, T) with B, T >= 1, got {tuple(prompts.shape)}")
-        max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=1)
-        check_generator("generator", generator)
-        if generator.device.type != self.device.type:
-            raise InvalidArgument(f"generator is on {generator.device}, the model on {self.device}")
+        max_new_tokens = validate_batch_args(prompts, max_new_tokens, generator, self.vocab_size, self.device)
         B, T = prompts.shape
         cache = self.target.new_cache(B, capacity=T + max_new_tokens)
         logits = self.target(prompts.to(self.device).long(), cache)[:, -1]  # (B, V) prefill

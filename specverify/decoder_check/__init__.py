@@ -48,7 +48,7 @@ from specverify.results import FAIL, Report, TestResult
 from specverify.validation import check_int, check_run_options
 
 from .exact import ExactPlan, analyse_exact
-from .protocol import (call_generate, check_determinism, derive_seed, generate_fn, implementation_name,
+from .protocol import (ProgressTicker, call_generate, check_determinism, derive_seed, generate_fn, implementation_name,
                        make_prompts, next_token_probs, normalise_prompts, vocab_size_of)
 from .twosample import analyse_two_sample
 
@@ -209,14 +209,7 @@ def check_decoder(decoder, target=None, *, reference=None, tier: str = "smoke", 
     results: list[TestResult] = []
     scenarios, timings, summaries = [], {}, {}
     stages = 3
-    total = stages * len(prompt_list)
-    done = 0
-
-    def tick(name: str) -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(done, total, name)
+    tick = ProgressTicker(progress, stages * len(prompt_list))
 
     for i, prompt in enumerate(prompt_list):
         t0 = time.perf_counter()
@@ -273,9 +266,7 @@ def check_decoder(decoder, target=None, *, reference=None, tier: str = "smoke", 
         except ImplementationError as error:
             errors.append(f"{name}: {error}")
             results.append(_protocol_result(name, str(error), N))
-            done = stages * (i + 1)
-            if progress is not None:
-                progress(done, total, f"{name}: implementation error")
+            tick(f"{name}: implementation error", done=stages * (i + 1))
         timings[name] = time.perf_counter() - t0
         summaries[name] = summary
 

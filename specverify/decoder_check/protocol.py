@@ -211,3 +211,15 @@ def target_conditionals(target, sequences: torch.Tensor, start: int, vocab_size:
     for j in range(L):
         out[:, j] = next_token_probs(target, seqs[:, :start + j], vocab_size)
     return out
+
+
+class ProgressTicker:
+    """Counts finished stages and reports ``progress(done, total, name)`` (a no-op without a callback)."""
+
+    def __init__(self, progress, total: int):
+        self.progress, self.total, self.done = progress, total, 0
+
+    def __call__(self, name: str, *, done: int | None = None) -> None:
+        self.done = self.done + 1 if done is None else done
+        if self.progress is not None:
+            self.progress(self.done, self.total, name)

@@ -46,7 +46,7 @@ import torch
 from reference.rules import verify as canonical_verify
 from specverify import stats
 from specverify.decoder_check import check_decoder
-from specverify.decoder_check.protocol import derive_seed, implementation_name, make_prompts, next_token_probs
+from specverify.decoder_check.protocol import ProgressTicker, derive_seed, implementation_name, make_prompts, next_token_probs
 from specverify.errors import ImplementationError, InvalidArgument
 from specverify.pipeline import ProtocolDecoder, merge_stats
 from specverify.results import FAIL, Report, TestResult
@@ -192,14 +192,7 @@ def audit_drafter(drafter, target, *, verifier=None, tier: str = "smoke", seed: 
     timings: dict[str, float] = {}
     extra: dict = {"k": k, "verifier": implementation_name(verify), "target": implementation_name(target),
                    "tier_plan": dataclasses.asdict(plan)}
-    total = plan.num_prompts + 2
-    done = 0
-
-    def tick(name: str) -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(done, total, name)
+    tick = ProgressTicker(progress, plan.num_prompts + 2)
 
     try:
         V = next_token_probs(target, torch.zeros(1, 1, dtype=torch.long)).shape[-1]
