@@ -278,7 +278,7 @@ def check_verifier(
         -> (tokens (B,K+1) long, num_emitted (B,) long)``; it receives float32 probabilities.
     tier : {"smoke", "standard", "deep"}
         Budget: smoke <= 60 s on 2 CPU cores and catches every catalogued verifier bug;
-        standard ~16x the samples (nightly); deep ~512x (sized for an accelerator).
+        standard 16x the smoke samples (nightly); deep 512x (sized for an accelerator).
     seed : int
         Root seed; each scenario's generator is derived from (seed, scenario name).
         Same code and seed give the same verdict.

@@ -57,11 +57,15 @@ def scenario_tokens(scenario, tier: str) -> int:
 
 
 def scaled_scenario(scenario, rows: int):
-    """The same scenario (same tables: they are seeded by the name) with about ``rows`` rows in the smoke tier."""
+    """The same scenario (same tables: they are seeded by the name) with about ``rows`` rows in the smoke tier.
+
+    The smoke tier's batch multiplier is pinned to 1, so ``groups`` is the number of batches.
+    """
     rows = max(2, int(rows))
+    unscaled = (("smoke", 1),)
     if rows >= scenario.batch_size:
-        return dataclasses.replace(scenario, groups=max(1, math.ceil(rows / scenario.batch_size)), tier_scale=())
-    return dataclasses.replace(scenario, batch_size=rows, groups=1, tier_scale=())
+        return dataclasses.replace(scenario, groups=max(1, math.ceil(rows / scenario.batch_size)), tier_scale=unscaled)
+    return dataclasses.replace(scenario, batch_size=rows, groups=1, tier_scale=unscaled)
 
 
 def _doubling(fn, scenario, *, tier: str, seed: int, alpha: float) -> tuple[int | None, list]:
