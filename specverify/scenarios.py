@@ -62,6 +62,8 @@ TIERS = ("smoke", "standard", "deep")
 #: Number-of-batches multiplier per tier, times the scenario's own ``groups``.  Measured on
 #: 2 idle CPU cores with the canonical rule: smoke ~14 s (median detectable binned TV ~0.022),
 #: standard ~2 min (~0.0055); deep (~0.001) is sized for an accelerator.
+#: Scenarios with at most this many tokens carry the first table rows in their config (reports show them).
+PREVIEW_MAX_VOCAB = 32
 TIER_SCALE = {"smoke": 4, "standard": 64, "deep": 2048}
 
 
@@ -149,6 +151,10 @@ class Scenario:
         data.pop("tier_scale")
         data["num_groups"] = self.num_groups(tier)
         data["rows_total"] = self.batch_size * self.num_groups(tier)
+        if self.vocab_size <= PREVIEW_MAX_VOCAB:  # the laws themselves, for a report's counterexample
+            target, drafter = self.build()
+            data["target_probs_preview"] = target.table[: self.k + 1].round(decimals=4).tolist()  # (<=K+1, V)
+            data["draft_probs_preview"] = drafter.table[: self.k].round(decimals=4).tolist()  # (<=K, V)
         return data
 
 
