@@ -7,7 +7,7 @@ Directed z-tests use the normal approximation with null and alternative variance
 line uses the reported detectable Kolmogorov distance. `LR limit` is the Neyman-Pearson test that
 knows the alternative: N = ((z_a s_p + z_b s_q) / (KL(q||p) + KL(p||q)))^2 (one-sided).
 
-Run: nice /work/venv/bin/python benchmarks/bench_stats.py
+Run: python benchmarks/bench_stats.py
 """
 
 from __future__ import annotations

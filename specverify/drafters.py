@@ -27,7 +27,7 @@ name                q (per context of the target unless stated)
 ==================  ====================================================================
 
 References: Leviathan et al. 2023 (losslessness for any q); the stale / point-mass
-drafters mirror real bugs catalogued in ``/work/shared/bugs.md``.
+drafters mirror real bugs catalogued in ``shared/bugs.md``.
 """
 
 from __future__ import annotations

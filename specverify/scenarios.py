@@ -6,7 +6,7 @@ length and the number of batches (per tier).  Tables are seeded from the
 scenario's name only, so a scenario is the same object in every run; the run's
 sampling seed is derived from ``(seed, name)`` by :func:`scenario_seed`.
 
-Which scenario exposes which verifier bug of ``/work/shared/bugs.md`` (the
+Which scenario exposes which verifier bug of ``shared/bugs.md`` (the
 mutants the smoke tier must catch; most bugs are seen by several scenarios):
 
 =============================  ====================================================================
