@@ -1,4 +1,4 @@
-"""Throughput of the table-model harness (specverify.harness.run_harness) with the canonical rule.
+"""Throughput of the table-model harness (specverify.verifier.harness.run_harness) with the canonical rule.
 
 Prints emitted tokens per second (wall) and per CPU-second (``time.process_time``,
 all threads of this process) for a positional (gather-only) target and a Markov
@@ -20,8 +20,9 @@ import time
 import torch
 
 from reference.rules import verify
-from specverify import drafters, models
-from specverify.harness import run_harness
+from specverify.verifier import zoo
+from specverify.core import tables
+from specverify.verifier.harness import run_harness
 
 
 def fast_verify(target_probs, draft_probs, draft_tokens, *, generator):
@@ -65,14 +66,14 @@ def main(argv=None):
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, B={args.batch} "
           f"L={args.length} K={args.k} V={args.vocab}, best of {args.repeats}  [{load()}]")
     V = args.vocab
-    pos = models.positional(V, args.length, "peaked", seed=1)
-    mk = models.markov(V, "peaked", seed=2)
+    pos = tables.positional(V, args.length, "peaked", seed=1)
+    mk = tables.markov(V, "peaked", seed=2)
     common = dict(batch=args.batch, length=args.length, k=args.k, repeats=args.repeats)
     for label, verifier in (("check=False", fast_verify), ("full checks", verify)):
         print(f"-- reference.rules.verify ({label})")
-        bench("positional target, noisy drafter", pos, drafters.noisy(pos, 0.5), verifier=verifier, **common)
-        bench("positional target, uniform drafter", pos, drafters.uniform(pos), verifier=verifier, **common)
-        bench("markov target, temperature drafter", mk, drafters.temperature(mk, 1.5), verifier=verifier, **common)
+        bench("positional target, noisy drafter", pos, zoo.noisy(pos, 0.5), verifier=verifier, **common)
+        bench("positional target, uniform drafter", pos, zoo.uniform(pos), verifier=verifier, **common)
+        bench("markov target, temperature drafter", mk, zoo.temperature(mk, 1.5), verifier=verifier, **common)
 
 
 if __name__ == "__main__":

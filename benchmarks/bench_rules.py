@@ -3,7 +3,7 @@
 Prints draws/s of ``reference.sampling.sample`` next to ``torch.multinomial`` at
 V=32, verified blocks/s of ``reference.rules.verify`` at B=200,000, K=4, V=32
 (with and without input validation) and rows/s of
-``specverify.validation.check_probs`` on the verifier's ``target_probs``, each the
+``specverify.core.validation.check_probs`` on the verifier's ``target_probs``, each the
 median of a few repeats, as wall time and CPU time (``time.process_time``, all
 threads).  Timings on a shared machine are noisy: the load average is printed.
 
@@ -21,7 +21,7 @@ import torch
 
 from reference.rules import verify
 from reference.sampling import sample
-from specverify.validation import check_probs
+from specverify.core.validation import check_probs
 
 
 def median_seconds(fn, repeats: int) -> tuple[float, float]:

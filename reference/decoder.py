@@ -42,8 +42,8 @@ from reference.models import KVCache, NGramDrafter, TinyTransformer
 from reference.processors import SamplingConfig, greedy_probs, logits_to_probs
 from reference.rules import greedy_verify, verify
 from reference.sampling import sample
-from specverify.errors import InvalidArgument
-from specverify.validation import check_int
+from specverify.core.errors import InvalidArgument
+from specverify.core.validation import check_int
 
 __all__ = ["SpeculativeDecoder", "DecodeResult", "DecodeStats"]
 

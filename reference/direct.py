@@ -19,8 +19,8 @@ import torch
 from reference.models import TinyTransformer
 from reference.processors import SamplingConfig, logits_to_probs
 from reference.sampling import sample
-from specverify.errors import InvalidArgument
-from specverify.validation import check_generator, check_int, check_shape, check_tokens
+from specverify.core.errors import InvalidArgument
+from specverify.core.validation import check_generator, check_int, check_shape, check_tokens
 
 __all__ = ["DirectSampler", "TargetAdapter", "validate_generate_args", "validate_batch_args", "generate_in_chunks"]
 

@@ -35,8 +35,8 @@ from torch import nn
 
 from reference.processors import SamplingConfig, logits_to_probs
 from reference.sampling import sample
-from specverify.errors import InvalidArgument
-from specverify.validation import check_generator, check_int, check_shape, check_tokens
+from specverify.core.errors import InvalidArgument
+from specverify.core.validation import check_generator, check_int, check_shape, check_tokens
 
 __all__ = ["ModelConfig", "KVCache", "TinyTransformer", "make_pair", "NGramDrafter", "ModelDrafter"]
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specverify.errors import InvalidArgument
+from specverify.core.errors import InvalidArgument
 
 __all__ = [
     "SamplingConfig",

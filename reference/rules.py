@@ -31,8 +31,8 @@ from __future__ import annotations
 import torch
 
 from reference.sampling import chunk_rows, inverse_cdf, uniform
-from specverify.errors import InvalidArgument
-from specverify.validation import check_generator, check_probs, check_shape, check_tokens
+from specverify.core.errors import InvalidArgument
+from specverify.core.validation import check_generator, check_probs, check_shape, check_tokens
 
 __all__ = ["verify", "greedy_verify", "residual_weights", "check_verifier_inputs"]
 

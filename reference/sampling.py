@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from specverify.errors import InvalidArgument
-from specverify.validation import check_generator, check_probs
+from specverify.core.errors import InvalidArgument
+from specverify.core.validation import check_generator, check_probs
 
 __all__ = ["sample", "uniform", "inverse_cdf", "chunk_rows"]
 

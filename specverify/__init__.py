@@ -1,7 +1,7 @@
 """specverify: does this speculative-decoding implementation emit exactly its target's distribution?
 
 Public entry points are imported lazily so that ``reference`` (which uses
-``specverify.errors``) and the suite can import each other without cycles.
+``specverify.core.errors``) and the suite can import each other without cycles.
 """
 
 from __future__ import annotations
@@ -11,19 +11,19 @@ import importlib
 __version__ = "0.1.0"
 
 _LAZY = {
-    "check_verifier": "specverify.battery",
-    "check_greedy_verifier": "specverify.battery",
-    "check_verifier_on": "specverify.battery",
-    "list_scenarios": "specverify.battery",
-    "check_decoder": "specverify.decoder_check",
-    "audit_drafter": "specverify.drafter_audit",
-    "Report": "specverify.results",
-    "TestResult": "specverify.results",
+    "check_verifier": "specverify.verifier.battery",
+    "check_greedy_verifier": "specverify.verifier.battery",
+    "check_verifier_on": "specverify.verifier.battery",
+    "list_scenarios": "specverify.verifier.battery",
+    "check_decoder": "specverify.decoder",
+    "audit_drafter": "specverify.drafter",
+    "Report": "specverify.core.results",
+    "TestResult": "specverify.core.results",
     "write_report": "specverify.report",
     "load_report": "specverify.report",
-    "SpecVerifyError": "specverify.errors",
-    "InvalidArgument": "specverify.errors",
-    "ImplementationError": "specverify.errors",
+    "SpecVerifyError": "specverify.core.errors",
+    "InvalidArgument": "specverify.core.errors",
+    "ImplementationError": "specverify.core.errors",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -20,7 +20,7 @@ from transformers import GenerationConfig  # noqa: E402
 import reference.rules as rules  # noqa: E402
 from specverify.adapters import hf, hf_kernel  # noqa: E402
 from specverify.adapters.hf_models import tiny_llama, tiny_llama_pair  # noqa: E402
-from specverify.errors import ImplementationError, InvalidArgument  # noqa: E402
+from specverify.core.errors import ImplementationError, InvalidArgument  # noqa: E402
 
 ALPHA = 1e-7
 VERSION = hf.TRANSFORMERS_VERSION

@@ -32,9 +32,9 @@ import torch
 
 from reference.rules import greedy_verify, verify as reference_verify
 from reference.sampling import sample, uniform
-from specverify.battery import check_greedy_verifier, check_verifier
-from specverify.results import Report
-from specverify.scenarios import SCENARIOS, scenario_seed
+from specverify.verifier.battery import check_greedy_verifier, check_verifier
+from specverify.core.results import Report
+from specverify.verifier.scenarios import SCENARIOS, scenario_seed
 
 
 # ---------------------------------------------------------------------------- variants
@@ -300,7 +300,7 @@ def test_greedy_mismatch_fails(wrong):
 
 
 def test_bad_arguments():
-    from specverify.errors import InvalidArgument
+    from specverify.core.errors import InvalidArgument
 
     with pytest.raises(InvalidArgument, match="tier"):
         check_verifier(reference_verify, tier="huge")

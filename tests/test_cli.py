@@ -4,9 +4,9 @@ import io
 
 import pytest
 
-from specverify.cli import EXIT_USAGE, Progress, main
-from specverify.errors import InvalidArgument
-from specverify.loading import load_object, parse_options
+from specverify.cli.commands import EXIT_USAGE, Progress, main
+from specverify.core.errors import InvalidArgument
+from specverify.core.loading import load_object, parse_options
 
 
 def test_load_object_resolves_module_attribute():
@@ -89,8 +89,8 @@ def _out_of_vocab_verifier(target_probs, draft_probs, draft_tokens, *, generator
 
 
 def test_audit_drafter_through_cli(tmp_path, capsys):
-    code, out = _audit(tmp_path, "--drafter", "specverify.examples.factories:zoo_drafter", "--drafter-option", "name=uniform",
-                       "--target", "specverify.examples.factories:table_target", "--draft-cost", "0.05")
+    code, out = _audit(tmp_path, "--drafter", "specverify.cli.factories:zoo_drafter", "--drafter-option", "name=uniform",
+                       "--target", "specverify.cli.factories:table_target", "--draft-cost", "0.05")
     assert code == 0, capsys.readouterr().out
     from specverify.report import load_report
 

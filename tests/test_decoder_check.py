@@ -1,9 +1,9 @@
-"""Tests of ``specverify.decoder_check.check_decoder`` (whole-decoder audit) and the decoder mutants.
+"""Tests of ``specverify.decoder.check_decoder`` (whole-decoder audit) and the decoder mutants.
 
 Decoders under test: exact autoregressive samplers of table targets (correct, at the
 wrong temperature, conditioning on a stale token), the reference speculative decoder
 (processors on and off, greedy) and its planted-bug subclasses from
-``specverify.decoder_mutants``, and broken decoders (bad shapes, float tokens,
+``specverify.mutants.decoder``, and broken decoders (bad shapes, float tokens,
 out-of-vocabulary tokens, non-determinism, exceptions).  Every run has a fixed seed,
 so outcomes are deterministic; the run's family-wise alpha is ALPHA = 1e-6 and every
 "passes" assertion is paired with a planted deviation that fails at the same alpha.
@@ -20,13 +20,13 @@ from reference.direct import DirectSampler, TargetAdapter
 from reference.models import make_pair
 from reference.processors import GREEDY, SamplingConfig
 from reference.sampling import sample
-from specverify.decoder_check import TIER_PLANS, check_decoder
-from specverify.decoder_check.exact import prefix_ids
-from specverify.decoder_check.protocol import derive_seed, make_prompts
-from specverify.decoder_mutants import DECODER_MUTANTS, make_decoder_mutant
-from specverify.errors import InvalidArgument
-from specverify.models import markov
-from specverify.results import Report
+from specverify.decoder import TIER_PLANS, check_decoder
+from specverify.decoder.exact import prefix_ids
+from specverify.decoder.protocol import derive_seed, make_prompts
+from specverify.mutants.decoder import DECODER_MUTANTS, make_decoder_mutant
+from specverify.core.errors import InvalidArgument
+from specverify.core.tables import markov
+from specverify.core.results import Report
 
 from _targets import WithConditionals
 

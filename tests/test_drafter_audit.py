@@ -1,4 +1,4 @@
-"""Tests of ``specverify.drafter_audit.audit_drafter``.
+"""Tests of ``specverify.drafter.audit_drafter``.
 
 Honest zoo drafters pass at the smoke tier (run alpha 1e-6); the planted deviations that
 prove power at the same alpha are a lying drafter (culprit: the drafter, even with the
@@ -18,13 +18,14 @@ import torch
 from scipy import stats as _st
 
 from reference.sampling import sample, uniform
-from specverify import drafters, efficiency
-from specverify.drafter_audit import AUDIT_PLANS, audit_drafter
-from specverify.drafter_audit.efficiency import clopper_pearson
-from specverify.drafter_mutants import greedy_sample_soft_q
-from specverify.errors import InvalidArgument
-from specverify.models import PositionalCategorical, markov
-from specverify.results import Report
+from specverify.verifier import zoo
+from specverify.drafter import costmodel
+from specverify.drafter import AUDIT_PLANS, audit_drafter
+from specverify.drafter.acceptance import clopper_pearson
+from specverify.mutants.drafter import greedy_sample_soft_q
+from specverify.core.errors import InvalidArgument
+from specverify.core.tables import PositionalCategorical, markov
+from specverify.core.results import Report
 
 ALPHA = 1e-6
 K = 4
@@ -64,7 +65,7 @@ def _failed(report: Report) -> list[str]:
 # ------------------------------------------------------------------ honest drafters pass
 @pytest.mark.parametrize("name", ["oracle", "uniform", "adversary", "least_likely", "stale"])
 def test_honest_zoo_drafters_pass(table, name):
-    report = audit_drafter(drafters.make_drafter(name, table), table, tier="smoke", seed=0, alpha=ALPHA, k=K)
+    report = audit_drafter(zoo.make_drafter(name, table), table, tier="smoke", seed=0, alpha=ALPHA, k=K)
     assert report.verdict == "pass" and not report.errors, report.summary()
     assert report.kind == "drafter" and report.extra["diagnosis"]["culprit"] is None
     families = {r.family for r in report.results}
@@ -84,7 +85,7 @@ def test_lying_drafter_is_named_the_culprit_with_the_canonical_verifier(table):
 
 
 def test_wrong_verifier_fails_the_losslessness_part(table):
-    report = audit_drafter(drafters.uniform(table), table, verifier=residual_is_p, tier="smoke", seed=0,
+    report = audit_drafter(zoo.uniform(table), table, verifier=residual_is_p, tier="smoke", seed=0,
                            alpha=ALPHA, k=K)
     assert report.verdict == "fail" and not report.errors, report.summary()
     assert report.extra["diagnosis"]["culprit"] == "verifier", report.extra["diagnosis"]
@@ -121,7 +122,7 @@ def _tokens_per_pass_within(report, a: float):
 def test_uniform_drafter_rate_is_sum_min_p_one_over_v(categorical):
     p = categorical.table[0]
     a = float(torch.minimum(p, torch.full_like(p, 1 / p.numel())).sum())
-    report = audit_drafter(drafters.uniform(categorical), categorical, seed=2, alpha=ALPHA, k=K)
+    report = audit_drafter(zoo.uniform(categorical), categorical, seed=2, alpha=ALPHA, k=K)
     assert report.verdict == "pass", report.summary()
     _rates_within(report, a)
     _tokens_per_pass_within(report, a)
@@ -131,21 +132,21 @@ def test_adversary_rate_is_one_minus_eps_plus_eps_pmin(categorical):
     eps = 0.1
     p = categorical.table[0]
     a = 1 - eps + eps * float(p.min())
-    report = audit_drafter(drafters.adversary(categorical, eps), categorical, seed=3, alpha=ALPHA, k=K)
+    report = audit_drafter(zoo.adversary(categorical, eps), categorical, seed=3, alpha=ALPHA, k=K)
     assert report.verdict == "pass", report.summary()
     _rates_within(report, a)
     _tokens_per_pass_within(report, a)
 
 
 def test_oracle_accepts_everything_and_speedup_model(table):
-    report = audit_drafter(drafters.oracle(table), table, seed=0, alpha=ALPHA, k=K, draft_cost=0.05,
+    report = audit_drafter(zoo.oracle(table), table, seed=0, alpha=ALPHA, k=K, draft_cost=0.05,
                            model_params=8e9, bandwidth=3.35e12, bytes_per_param=2)
     eff = report.extra["efficiency"]
     assert [p["observed_rate"] for p in eff["positions"]] == [1.0] * K
     assert eff["tokens_per_target_pass"] == K + 1 and eff["mean_accepted"] == K
     assert eff["length_counts"][:-1] == [0] * K
     [block] = eff["speedup"]
-    plan = efficiency.best_draft_length([1.0] * K, 0.05, max_k=16)
+    plan = costmodel.best_draft_length([1.0] * K, 0.05, max_k=16)
     assert block["best_k"] == plan.best_k and block["best_speedup"] == pytest.approx(plan.best_speedup)
     assert block["speedup_at_audited_k"] == pytest.approx((K + 1) / (0.05 * K + 1))
     t = 8e9 * 2 / 3.35e12
@@ -159,7 +160,7 @@ def test_oracle_accepts_everything_and_speedup_model(table):
 
 
 def test_speedup_curve_without_draft_cost(table):
-    report = audit_drafter(drafters.adversary(table), table, seed=0, alpha=ALPHA, k=2)
+    report = audit_drafter(zoo.adversary(table), table, seed=0, alpha=ALPHA, k=2)
     blocks = report.extra["efficiency"]["speedup"]
     assert len(blocks) >= 3 and all(len(b["speedups"]) == 16 for b in blocks)
     assert "latency" not in report.extra["efficiency"]
@@ -171,8 +172,8 @@ def test_speedup_curve_without_draft_cost(table):
 def test_report_is_deterministic_json_and_renders(table, tmp_path):
     calls = []
     kwargs = dict(tier="smoke", seed=4, alpha=ALPHA, k=3)
-    a = audit_drafter(drafters.noisy(table), table, progress=lambda *x: calls.append(x), **kwargs)
-    b = audit_drafter(drafters.noisy(table), table, **kwargs)
+    a = audit_drafter(zoo.noisy(table), table, progress=lambda *x: calls.append(x), **kwargs)
+    b = audit_drafter(zoo.noisy(table), table, **kwargs)
     assert [r.pvalue for r in a.results] == [r.pvalue for r in b.results]
     assert calls and calls[-1][0] == calls[-1][1] and [c[0] for c in calls] == sorted(c[0] for c in calls)
     again = Report.from_json(a.to_json())
@@ -186,7 +187,7 @@ def test_report_is_deterministic_json_and_renders(table, tmp_path):
 
 # ------------------------------------------------------------------ bad usage and broken components
 def test_bad_arguments(table):
-    d = drafters.uniform(table)
+    d = zoo.uniform(table)
     for kwargs, word in [(dict(tier="huge"), "tier"), (dict(k=0), "k"), (dict(draft_cost=-1.0), "draft_cost"),
                          (dict(model_params=0), "model_params"), (dict(bandwidth=float("nan")), "bandwidth"),
                          (dict(progress=3), "progress"), (dict(alpha=2.0), "alpha"), (dict(verifier=5), "verifier")]:
@@ -200,7 +201,7 @@ def test_bad_arguments(table):
 
 class Broken:
     def __init__(self, target, how):
-        self.inner, self.how, self.calls = drafters.uniform(target), how, 0
+        self.inner, self.how, self.calls = zoo.uniform(target), how, 0
 
     def draft(self, prefix, k, *, generator):
         self.calls += 1
@@ -235,7 +236,7 @@ def test_false_alarm_rate_of_honest_drafters_is_controlled(table):
     fails = 0
     for seed in range(20):
         for name in ("uniform", "noisy", "adversary"):
-            report = audit_drafter(drafters.make_drafter(name, table), table, seed=seed, alpha=1e-2, k=3)
+            report = audit_drafter(zoo.make_drafter(name, table), table, seed=seed, alpha=1e-2, k=3)
             fails += report.verdict == "fail"
     # P(fail) <= 1e-2 per run (Holm, conservative GOF): 60 runs, P(>= 5 fails) < 2e-4
     assert fails <= 4, f"{fails} of 60 honest audits failed at alpha 1e-2"

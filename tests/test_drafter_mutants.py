@@ -1,4 +1,4 @@
-"""Tests of the drafter half of the mutation catalogue (``specverify.drafter_mutants``).
+"""Tests of the drafter half of the mutation catalogue (``specverify.mutants.drafter``).
 
 Power: every drafter mutant is caught by the consistency family of ``audit_drafter`` at
 the smoke tier (run alpha 1e-6), by the test its entry names, and the audit names the
@@ -15,12 +15,13 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from specverify import drafters, stats
-from specverify.drafter_audit import audit_drafter
-from specverify.drafter_mutants import (CATALOGUE, EQUIVALENTS, DrafterEntry, ReportedLawDrafter, by_name,
+from specverify import stats
+from specverify.verifier import zoo
+from specverify.drafter import audit_drafter
+from specverify.mutants.drafter import (CATALOGUE, EQUIVALENTS, DrafterEntry, ReportedLawDrafter, by_name,
                                         make_drafter_mutant, top_k_mask, top_p_mask)
-from specverify.errors import InvalidArgument
-from specverify.models import markov, positional
+from specverify.core.errors import InvalidArgument
+from specverify.core.tables import markov, positional
 
 ALPHA = 1e-6
 K = 4
@@ -95,7 +96,7 @@ def test_equivalents_report_their_sampling_law(entry):
 
 
 def test_bf16_rounding_changes_the_law_only_at_large_logits():
-    from specverify.drafter_mutants import _bf16_pair
+    from specverify.mutants.drafter import _bf16_pair
 
     target = TARGETS["markov"]()
     for offset, lo, hi in [(96.0, 0.02, 1.0), (0.0, 0.0, 0.02)]:
@@ -107,7 +108,7 @@ def test_bf16_rounding_changes_the_law_only_at_large_logits():
 def _position1_gof(seed: int):
     """Draft position 1 of the wrapper (sampling law: q sharpened by 1/T = 2) vs its sampled and reported rows."""
     target = markov(6, "peaked", seed=seed % 97)
-    base = drafters.noisy(target)
+    base = zoo.noisy(target)
     sampled = torch.softmax(base.table.log() / 0.5, -1)
     drafter = ReportedLawDrafter(base, sampled, base.table)
     prefix = torch.tensor([[2, 3]]).expand(4000, -1)

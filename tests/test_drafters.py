@@ -5,21 +5,22 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specverify import drafters, models
-from specverify.errors import InvalidArgument
+from specverify.verifier import zoo
+from specverify.core import tables
+from specverify.core.errors import InvalidArgument
 
 TARGETS = {
-    "positional": lambda: models.positional(6, 3, "topk", seed=0, top_k=3),
-    "markov": lambda: models.markov(5, seed=1),
-    "ngram": lambda: models.ngram(3, 3, seed=2),
+    "positional": lambda: tables.positional(6, 3, "topk", seed=0, top_k=3),
+    "markov": lambda: tables.markov(5, seed=1),
+    "ngram": lambda: tables.ngram(3, 3, seed=2),
 }
 
 
 @pytest.mark.parametrize("tname", sorted(TARGETS))
-@pytest.mark.parametrize("dname", sorted(drafters.ZOO))
+@pytest.mark.parametrize("dname", sorted(zoo.ZOO))
 def test_zoo_rows_are_distributions(tname, dname):
     target = TARGETS[tname]()
-    d = drafters.make_drafter(dname, target)
+    d = zoo.make_drafter(dname, target)
     assert d.vocab_size == target.vocab_size
     torch.testing.assert_close(d.table.sum(-1), torch.ones(d.num_contexts, dtype=torch.float64))
     assert (d.table >= 0).all()
@@ -33,28 +34,28 @@ def test_zoo_rows_are_distributions(tname, dname):
 def test_shapes_of_q():
     target = TARGETS["positional"]()
     p = target.table
-    assert torch.equal(drafters.oracle(target).table, p)
-    ll = drafters.least_likely(target).table
+    assert torch.equal(zoo.oracle(target).table, p)
+    ll = zoo.least_likely(target).table
     assert ((ll == 1).sum(-1) == 1).all()
     masked = torch.where(p > 0, p, torch.full_like(p, 2.0))
     assert torch.equal(ll.argmax(-1), masked.argmin(-1))
-    dj = drafters.disjoint(target).table
+    dj = zoo.disjoint(target).table
     assert ((dj > 0) & (p > 0)).sum() == 0  # topk target has zeros in every row
-    inv = drafters.anti_inverse(target).table
+    inv = zoo.anti_inverse(target).table
     assert torch.equal(inv > 0, p > 0)
     assert torch.equal(inv.argmax(-1), masked.argmin(-1))
-    comp = drafters.anti_complement(target).table
+    comp = zoo.anti_complement(target).table
     assert (comp[p == 0] > 0).all()
-    hot = drafters.temperature(target, 0.01).table
+    hot = zoo.temperature(target, 0.01).table
     assert torch.equal(hot.argmax(-1), p.argmax(-1))
-    assert torch.equal(drafters.temperature(target, 3.0).table > 0, p > 0)
-    adv = drafters.adversary(target, 0.1).table
+    assert torch.equal(zoo.temperature(target, 3.0).table > 0, p > 0)
+    adv = zoo.adversary(target, 0.1).table
     torch.testing.assert_close((p - adv).clamp_min(0).sum(-1), torch.full((p.shape[0],), 0.1, dtype=torch.float64) - 0.1 * p.gather(-1, masked.argmin(-1, keepdim=True)).squeeze(-1))
 
 
 def test_stale_is_one_token_late():
-    target = models.markov(4, seed=5)
-    d = drafters.stale(target)
+    target = tables.markov(4, seed=5)
+    d = zoo.stale(target)
     x = torch.tensor([[2, 1, 3]])
     for t in range(4):
         want = target.probs_at(x, torch.tensor([max(t - 1, 0)]))
@@ -63,17 +64,17 @@ def test_stale_is_one_token_late():
 
 def test_noisy_and_argmax_are_seeded():
     target = TARGETS["markov"]()
-    assert torch.equal(drafters.noisy(target, seed=3).table, drafters.noisy(target, seed=3).table)
-    assert not torch.equal(drafters.noisy(target, seed=3).table, drafters.noisy(target, seed=4).table)
-    a = drafters.argmax(target, seed=1).table
+    assert torch.equal(zoo.noisy(target, seed=3).table, zoo.noisy(target, seed=3).table)
+    assert not torch.equal(zoo.noisy(target, seed=3).table, zoo.noisy(target, seed=4).table)
+    a = zoo.argmax(target, seed=1).table
     assert ((a == 1).sum(-1) == 1).all() and (target.table[a == 1] > 0).all()
 
 
 def test_bad_arguments():
     target = TARGETS["markov"]()
     with pytest.raises(InvalidArgument, match="drafter"):
-        drafters.make_drafter("nope", target)
+        zoo.make_drafter("nope", target)
     with pytest.raises(InvalidArgument, match="tau"):
-        drafters.temperature(target, 0.0)
+        zoo.temperature(target, 0.0)
     with pytest.raises(InvalidArgument, match="eps"):
-        drafters.adversary(target, 1.5)
+        zoo.adversary(target, 1.5)

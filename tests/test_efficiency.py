@@ -4,14 +4,14 @@ import math
 
 import pytest
 
-from specverify.efficiency import (
+from specverify.drafter.costmodel import (
     best_draft_length,
     expected_tokens_per_round,
     latency_per_token,
     speedup,
     target_pass_seconds,
 )
-from specverify.errors import InvalidArgument
+from specverify.core.errors import InvalidArgument
 
 
 @pytest.mark.parametrize("a", [0.0, 0.3, 0.8, 0.99])

@@ -1,4 +1,4 @@
-"""Exact laws (specverify.exact): the canonical rule reproduces the target exactly, wrong rules do not.
+"""Exact laws (specverify.core.exact): the canonical rule reproduces the target exactly, wrong rules do not.
 
 The Markov dynamic programme is also checked against a literal enumeration of the
 algorithm (draft all K tokens, verify them one by one, residual / bonus), so a
@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from _strategies import markov_tables, normalise, pq_pairs, weight_rows
-from specverify import exact
+from specverify.core import exact
 
 ATOL = 1e-12
 

@@ -1,4 +1,4 @@
-"""The HF transformers audit example (specverify.examples.hf): quick mode writes every file, verdicts are valid.
+"""The HF transformers audit example (specverify.cli.examples.hf): quick mode writes every file, verdicts are valid.
 
 Skipped without transformers.  Quick mode runs the kernel battery on one scenario and two
 tiny decoder configurations (sampling with top-k, greedy), so the whole file takes ~20-30 s.
@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from specverify.errors import InvalidArgument  # noqa: E402
-from specverify.examples import hf as example  # noqa: E402
+from specverify.core.errors import InvalidArgument  # noqa: E402
+from specverify.cli.examples import hf as example  # noqa: E402
 from specverify.report import load_report  # noqa: E402
 
 VERDICTS = {"pass", "suspicious", "fail"}
@@ -37,14 +37,14 @@ def test_quick_run_writes_reports_readme_and_repros(quick_run):
         assert loaded.verdict == "pass", f"{name}: {loaded.summary()}"  # HF is lossless at these sizes
         assert loaded.environment["transformers"] == example.TRANSFORMERS_VERSION
         assert loaded.extra["hf_audit"]["config"] == name
-        assert loaded.command.startswith("python -m specverify.examples.hf --out ")
+        assert loaded.command.startswith("python -m specverify.cli.examples.hf --out ")
         assert all(r.grade in VERDICTS for r in loaded.results)
         json.loads((out / name / "report.json").read_text())
     kinds = {name: report.kind for name, report in reports}
     assert kinds[example.KERNEL_NAME] == "verifier" and kinds["greedy_k3"] == "decoder"
     greedy = dict(reports)["greedy_k3"]
     assert any(r.family == "greedy" for r in greedy.results)
-    assert greedy.implementation == "specverify.examples.hf:HFGreedyAssistedDecoder"
+    assert greedy.implementation == "specverify.cli.examples.hf:HFGreedyAssistedDecoder"
 
     readme = (out / "README.md").read_text()
     assert f"transformers {example.TRANSFORMERS_VERSION}" in readme

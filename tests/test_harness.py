@@ -8,11 +8,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reference.rules import verify as reference_verify
-from specverify import drafters, models
-from specverify.battery import check_verifier_on
-from specverify.errors import ImplementationError
-from specverify.harness import acceptance_overlap, run_harness, sample_contexts, validate_verifier_output
-from specverify.strategies import table_models
+from specverify.verifier import zoo
+from specverify.core import tables
+from specverify.verifier.battery import check_verifier_on
+from specverify.core.errors import ImplementationError
+from specverify.verifier.harness import acceptance_overlap, run_harness, sample_contexts, validate_verifier_output
+from specverify.verifier.strategies import table_models
 
 
 def _fast(target_probs, draft_probs, draft_tokens, *, generator):
@@ -20,8 +21,8 @@ def _fast(target_probs, draft_probs, draft_tokens, *, generator):
 
 
 def test_run_bookkeeping_is_consistent():
-    target = models.markov(5, seed=0)
-    drafter = drafters.temperature(target, 2.0)
+    target = tables.markov(5, seed=0)
+    drafter = zoo.temperature(target, 2.0)
     run = run_harness(_fast, target, drafter, k=3, batch_size=64, length=9, num_groups=2,
                       generator=torch.Generator().manual_seed(0))
     R, L = run.tokens.shape
@@ -46,8 +47,8 @@ def test_run_bookkeeping_is_consistent():
 
 
 def test_overlap_table():
-    target = models.positional(6, 3, seed=0)
-    drafter = drafters.uniform(target)
+    target = tables.positional(6, 3, seed=0)
+    drafter = zoo.uniform(target)
     ov = acceptance_overlap(target, drafter)
     torch.testing.assert_close(ov[:, 0], torch.minimum(target.table, drafter.table[0]).sum(-1))
 
@@ -68,8 +69,8 @@ def test_no_bonus_trials_are_counted_as_accepts():
         K = draft_tokens.shape[1]
         return tokens, torch.where(num == K + 1, torch.full_like(num, K), num)
 
-    target = models.markov(3, seed=1)
-    run = run_harness(no_bonus, target, drafters.oracle(target), k=2, batch_size=32, length=6,
+    target = tables.markov(3, seed=1)
+    run = run_harness(no_bonus, target, zoo.oracle(target), k=2, batch_size=32, length=6,
                       generator=torch.Generator().manual_seed(0))
     assert run.trial_accepted.all()  # q = p: every trial accepted, none misread as a rejection
     assert (run.block_positions <= 2).all()
@@ -111,8 +112,8 @@ def test_reference_passes_on_arbitrary_models(pair, k, seed):
 def test_planted_deviation_is_caught_on_small_models():
     """Power check for the property test's configuration: residual = p must fail."""
 
-    target = models.positional(4, 3, seed=0)
-    drafter = drafters.uniform(target)
+    target = tables.positional(4, 3, seed=0)
+    drafter = zoo.uniform(target)
 
     def wrong(target_probs, draft_probs, draft_tokens, *, generator):
         # accept as canonically, but resample the rejected position from p itself

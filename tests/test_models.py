@@ -9,9 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specverify import models
-from specverify.errors import InvalidArgument
-from specverify.strategies import prob_rows, targets
+from specverify.core import tables
+from specverify.core.errors import InvalidArgument
+from specverify.verifier.strategies import prob_rows, targets
 
 
 def _brute_marginals(model, L):
@@ -30,9 +30,9 @@ def _brute_marginals(model, L):
 
 
 @pytest.mark.parametrize("build", [
-    lambda: models.positional(3, 4, seed=0),
-    lambda: models.markov(3, seed=1),
-    lambda: models.ngram(2, 3, seed=2),
+    lambda: tables.positional(3, 4, seed=0),
+    lambda: tables.markov(3, seed=1),
+    lambda: tables.ngram(2, 3, seed=2),
 ])
 def test_marginals_match_enumeration(build):
     model = build()
@@ -41,7 +41,7 @@ def test_marginals_match_enumeration(build):
 
 def test_context_ids_incremental_equals_batch():
     gen = torch.Generator().manual_seed(0)
-    for model in (models.positional(5, 3, seed=0), models.markov(5, seed=0), models.ngram(4, 3, seed=0)):
+    for model in (tables.positional(5, 3, seed=0), tables.markov(5, seed=0), tables.ngram(4, 3, seed=0)):
         tokens = torch.randint(model.vocab_size, (6, 7), generator=gen)
         ctx = torch.full((6,), model.initial_context)
         for t in range(8):
@@ -55,13 +55,13 @@ def test_context_ids_incremental_equals_batch():
 class TableModelFold:
     """The base class' generic fold (subclasses override context_ids with closed forms)."""
 
-    context_ids = models.TableModel.context_ids
+    context_ids = tables.TableModel.context_ids
 
 
 def test_markov_rows_and_protocols():
     initial = torch.tensor([0.2, 0.8], dtype=torch.float64)
     transition = torch.tensor([[0.9, 0.1], [0.3, 0.7]], dtype=torch.float64)
-    m = models.MarkovTable(initial, transition)
+    m = tables.MarkovTable(initial, transition)
     prefix = torch.tensor([[1, 0], [0, 1]])
     torch.testing.assert_close(m.next_token_probs(prefix), transition[[0, 1]])
     torch.testing.assert_close(m.next_token_probs(prefix[:, :0]), initial.expand(2, 2))
@@ -73,7 +73,7 @@ def test_markov_rows_and_protocols():
 
 
 def test_positional_rows_differ_and_repeat():
-    m = models.positional(8, 3, seed=0)
+    m = tables.positional(8, 3, seed=0)
     x = torch.zeros(1, 10, dtype=torch.long)
     rows = [m.probs_at(x, torch.tensor([t]))[0] for t in range(5)]
     assert not torch.equal(rows[0], rows[1]) and not torch.equal(rows[1], rows[2])
@@ -81,16 +81,16 @@ def test_positional_rows_differ_and_repeat():
 
 
 def test_draft_is_exact_law():
-    m = models.positional(4, 2, seed=3)
+    m = tables.positional(4, 2, seed=3)
     gen = torch.Generator().manual_seed(1)
     tokens, _ = m.draft(torch.zeros(200_000, 0, dtype=torch.long), 2, generator=gen)
     freq = torch.bincount(tokens[:, 1], minlength=4).double() / 200_000
     assert (freq - m.table[1]).abs().max() < 0.006  # ~6 sigma at N = 2e5
 
 
-@pytest.mark.parametrize("kind", models.ROW_KINDS)
+@pytest.mark.parametrize("kind", tables.ROW_KINDS)
 def test_make_rows_kinds(kind):
-    rows = models.make_rows(5, 16, kind, generator=torch.Generator().manual_seed(0))
+    rows = tables.make_rows(5, 16, kind, generator=torch.Generator().manual_seed(0))
     assert rows.shape == (5, 16) and rows.dtype == torch.float64
     torch.testing.assert_close(rows.sum(-1), torch.ones(5, dtype=torch.float64))
     assert (rows >= 0).all()
@@ -102,12 +102,12 @@ def test_make_rows_kinds(kind):
 
 def test_bad_arguments():
     with pytest.raises(InvalidArgument, match="table"):
-        models.PositionalCategorical(torch.tensor([[0.5, 0.6]]))
+        tables.PositionalCategorical(torch.tensor([[0.5, 0.6]]))
     with pytest.raises(InvalidArgument, match="table"):
-        models.NGramTable(torch.full((4, 2), 0.5), order=3)
+        tables.NGramTable(torch.full((4, 2), 0.5), order=3)
     with pytest.raises(InvalidArgument, match="kind"):
-        models.make_rows(1, 2, "nope", generator=torch.Generator())
-    m = models.markov(3, seed=0)
+        tables.make_rows(1, 2, "nope", generator=torch.Generator())
+    m = tables.markov(3, seed=0)
     with pytest.raises(InvalidArgument, match="tokens"):
         m.context_ids(torch.tensor([[5]]), torch.tensor([1]))
     with pytest.raises(InvalidArgument, match="lengths"):

@@ -27,7 +27,7 @@ from scipy import stats as sps
 
 from reference.rules import verify as reference_verify
 from reference.sampling import sample
-from specverify.errors import InvalidArgument
+from specverify.core.errors import InvalidArgument
 from specverify.mutants import CATALOGUE, CatalogueEntry, by_name, entries
 from specverify.mutants import steps as S
 

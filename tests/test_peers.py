@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from reference.rules import verify as reference_verify
-from specverify.errors import InvalidArgument
+from specverify.core.errors import InvalidArgument
 from specverify.mutants import by_name
-from specverify.peers import PEERS, PeerResult, peer_matrix
+from specverify.selftest.peers import PEERS, PeerResult, peer_matrix
 
 
 @functools.lru_cache(maxsize=None)

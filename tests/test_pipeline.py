@@ -1,4 +1,4 @@
-"""Tests of ``specverify.pipeline.ProtocolDecoder``: the speculative decoder built from protocol objects.
+"""Tests of ``specverify.decoder.pipeline.ProtocolDecoder``: the speculative decoder built from protocol objects.
 
 Law: the output must be the target's law, checked by ``check_decoder`` and by a direct
 chi-square per position against a context-free target (alpha 1e-7); a verifier whose
@@ -18,11 +18,11 @@ from scipy import stats as _st
 
 from reference.rules import verify as canonical_verify
 from reference.sampling import sample, uniform
-from specverify import drafters
-from specverify.decoder_check import check_decoder
-from specverify.errors import ImplementationError, InvalidArgument
-from specverify.models import PositionalCategorical, markov, positional
-from specverify.pipeline import ProtocolDecoder, merge_stats
+from specverify.verifier import zoo
+from specverify.decoder import check_decoder
+from specverify.core.errors import ImplementationError, InvalidArgument
+from specverify.core.tables import PositionalCategorical, markov, positional
+from specverify.decoder.pipeline import ProtocolDecoder, merge_stats
 
 from _targets import WithConditionals
 
@@ -59,13 +59,13 @@ def table():
 # ------------------------------------------------------------------ output law
 @pytest.mark.parametrize("drafter_name", ["uniform", "adversary", "least_likely"])
 def test_output_law_is_the_target_law_by_check_decoder(table, drafter_name):
-    decoder = ProtocolDecoder(drafters.make_drafter(drafter_name, table), table, k=3)
+    decoder = ProtocolDecoder(zoo.make_drafter(drafter_name, table), table, k=3)
     report = check_decoder(decoder, table, tier="smoke", seed=1, alpha=ALPHA)
     assert report.verdict == "pass" and not report.errors, report.summary()
 
 
 def test_wrong_verifier_fails_check_decoder(table):
-    decoder = ProtocolDecoder(drafters.uniform(table), table, k=3, verify=residual_is_p)
+    decoder = ProtocolDecoder(zoo.uniform(table), table, k=3, verify=residual_is_p)
     report = check_decoder(decoder, table, tier="smoke", seed=1, alpha=ALPHA)
     assert report.verdict == "fail" and not report.errors, report.summary()
 
@@ -73,7 +73,7 @@ def test_wrong_verifier_fails_check_decoder(table):
 def _chi_square_pvalues(verify) -> list[float]:
     """Per new position: chi-square of the emitted tokens against the positional target's row (exact law)."""
     target = positional(8, 10, "peaked", seed=3)
-    decoder = ProtocolDecoder(drafters.uniform(target), target, k=3, verify=verify)
+    decoder = ProtocolDecoder(zoo.uniform(target), target, k=3, verify=verify)
     tokens = decoder.generate(PROMPT, num_samples=20_000, max_new_tokens=6, seed=11)
     pvalues = []
     for j in range(tokens.shape[1]):
@@ -93,7 +93,7 @@ def test_direct_chi_square_per_position():
 # ------------------------------------------------------------------ counters
 def test_oracle_counters_are_exact(table):
     K = 4
-    run = ProtocolDecoder(drafters.oracle(table), table, k=K).decode(PROMPT, num_samples=300, max_new_tokens=9, seed=0)
+    run = ProtocolDecoder(zoo.oracle(table), table, k=K).decode(PROMPT, num_samples=300, max_new_tokens=9, seed=0)
     s = run.stats
     assert s.acceptance_rate == (1.0,) * K and s.expected_acceptance_rate == pytest.approx((1.0,) * K, abs=1e-12)
     assert s.length_counts == (0,) * K + (s.rounds,)
@@ -103,7 +103,7 @@ def test_oracle_counters_are_exact(table):
 
 def test_no_bonus_verifier_counts_accepted_drafts(table):
     kwargs = dict(num_samples=500, max_new_tokens=8, seed=4)
-    a = ProtocolDecoder(drafters.oracle(table), table, k=3, verify=no_bonus).decode(PROMPT, **kwargs).stats
+    a = ProtocolDecoder(zoo.oracle(table), table, k=3, verify=no_bonus).decode(PROMPT, **kwargs).stats
     assert a.accepted == a.drafted and a.length_counts[-1] == a.rounds and a.tokens_per_pass == 3
 
 
@@ -113,7 +113,7 @@ def test_no_bonus_verifier_counts_accepted_drafts(table):
        seed=st.integers(0, 2**32 - 1))
 def test_counter_identities(V, K, N, L, kind, drafter, seed):
     target = markov(V, kind, seed=seed % 1000)
-    decoder = ProtocolDecoder(drafters.make_drafter(drafter, target), target, k=K)
+    decoder = ProtocolDecoder(zoo.make_drafter(drafter, target), target, k=K)
     run = decoder.decode(torch.tensor([0, V - 1]), num_samples=N, max_new_tokens=L, seed=seed)
     tokens, s = run.tokens, run.stats
     assert tokens.shape == (N, L) and tokens.dtype == torch.long and int(tokens.min()) >= 0 and int(tokens.max()) < V
@@ -135,7 +135,7 @@ def test_counter_identities(V, K, N, L, kind, drafter, seed):
 
 
 def test_same_seed_same_output_and_seeds_matter(table):
-    decoder = ProtocolDecoder(drafters.noisy(table), table, k=3)
+    decoder = ProtocolDecoder(zoo.noisy(table), table, k=3)
     a = decoder.generate(PROMPT, num_samples=64, max_new_tokens=10, seed=5)
     b = decoder.generate(PROMPT, num_samples=64, max_new_tokens=10, seed=5)
     c = decoder.generate(PROMPT, num_samples=64, max_new_tokens=10, seed=6)
@@ -144,14 +144,14 @@ def test_same_seed_same_output_and_seeds_matter(table):
 
 def test_batched_conditionals_give_the_same_run(table):
     kwargs = dict(num_samples=200, max_new_tokens=7, seed=9)
-    loop = ProtocolDecoder(drafters.noisy(table), table, k=3).decode(PROMPT, **kwargs)
-    batched = ProtocolDecoder(drafters.noisy(table), WithConditionals(table), k=3).decode(PROMPT, **kwargs)
+    loop = ProtocolDecoder(zoo.noisy(table), table, k=3).decode(PROMPT, **kwargs)
+    batched = ProtocolDecoder(zoo.noisy(table), WithConditionals(table), k=3).decode(PROMPT, **kwargs)
     assert torch.equal(loop.tokens, batched.tokens) and loop.stats.accepted == batched.stats.accepted
 
 
 # ------------------------------------------------------------------ bad input and broken components
 def test_bad_arguments(table):
-    d = drafters.uniform(table)
+    d = zoo.uniform(table)
     with pytest.raises(InvalidArgument, match="k"):
         ProtocolDecoder(d, table, k=0)
     with pytest.raises(InvalidArgument, match="drafter"):
@@ -169,7 +169,7 @@ def test_bad_arguments(table):
 
 class BadDrafter:
     def __init__(self, target, how):
-        self.inner, self.how = drafters.uniform(target), how
+        self.inner, self.how = zoo.uniform(target), how
 
     def draft(self, prefix, k, *, generator):
         tokens, probs = self.inner.draft(prefix, k, generator=generator)
@@ -195,12 +195,12 @@ def test_broken_verifier_raises_implementation_error(table):
         return tokens, n + 1
 
     with pytest.raises(ImplementationError, match="num_emitted"):
-        ProtocolDecoder(drafters.oracle(table), table, k=2, verify=too_many).generate(
+        ProtocolDecoder(zoo.oracle(table), table, k=2, verify=too_many).generate(
             PROMPT, num_samples=4, max_new_tokens=3, seed=0)
 
 
 def test_context_free_target_from_table():
     target = PositionalCategorical(torch.tensor([[0.5, 0.5, 0.0]], dtype=torch.float64))
-    out = ProtocolDecoder(drafters.uniform(target), target, k=2).generate(torch.tensor([0]), num_samples=500,
+    out = ProtocolDecoder(zoo.uniform(target), target, k=2).generate(torch.tensor([0]), num_samples=500,
                                                                           max_new_tokens=4, seed=1)
     assert int(out.max()) <= 1, "a token of target probability 0 was emitted"

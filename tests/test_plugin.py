@@ -28,7 +28,7 @@ pytest_plugins = ["pytester"]
 FAKE_BATTERY = '''
 """A fake battery: instant, and graded by attributes of the verify callable."""
 import json, os
-from specverify.results import Report, TestResult
+from specverify.core.results import Report, TestResult
 
 SCENARIOS = ["alpha_small", "beta_markov", "gamma_bonus"]
 
@@ -107,7 +107,7 @@ def test_inert_without_option_no_heavy_imports(pytester, monkeypatch):
 
         def test_light(pytestconfig):
             assert pytestconfig.pluginmanager.has_plugin("specverify"), "entry point not loaded"
-            heavy = sorted(m for m in ("torch", "scipy", "numpy", "specverify.battery", "specverify.report") if m in sys.modules)
+            heavy = sorted(m for m in ("torch", "scipy", "numpy", "specverify.verifier.battery", "specverify.report") if m in sys.modules)
             assert heavy == []
     """)
     result = pytester.runpytest_subprocess("-v", "-p", "no:cacheprovider")
@@ -181,7 +181,7 @@ def test_failure_message_and_suspicious_warning(fake):
                                  "  ?SUSPICIOUS? gof/gof gamma_bonus/abs=2: *"])
     # the same scenario alone, as the repro line says; -W error turns the warning into a failure
     result = fake.runpytest("--specverify-impl", "myimpl:bad", *FAKE, "-k", "specverify[gamma_bonus]",
-                            "-W", "error::specverify.plugin.SuspiciousResultWarning")
+                            "-W", "error::specverify.cli.plugin.SuspiciousResultWarning")
     result.assert_outcomes(failed=1, deselected=3)
 
 
@@ -306,10 +306,10 @@ def broken(target_probs, draft_probs, draft_tokens, *, generator):
     return tokens, n_acc + 1
 '''
 
-# Until specverify.battery has list_scenarios, the end-to-end test lists the scenarios through this shim.
+# Until specverify.verifier.battery has list_scenarios, the end-to-end test lists the scenarios through this shim.
 SHIM = '''
-from specverify.battery import check_verifier
-from specverify.scenarios import get_scenarios
+from specverify.verifier.battery import check_verifier
+from specverify.verifier.scenarios import get_scenarios
 
 
 def list_scenarios(tier, *, greedy=False):
@@ -320,7 +320,7 @@ def list_scenarios(tier, *, greedy=False):
 @pytest.mark.slow
 def test_end_to_end_real_battery(pytester, monkeypatch):
     """reference.rules:verify passes two fast scenarios; residual = p fails the one that exposes it."""
-    battery = pytest.importorskip("specverify.battery")
+    battery = pytest.importorskip("specverify.verifier.battery")
     monkeypatch.delenv("SPECVERIFY_IMPL", raising=False)
     pytester.makepyfile(brokenimpl=BROKEN, sv_battery=SHIM)
     pytester.syspathinsert()

@@ -21,7 +21,7 @@ from reference.processors import (
     top_k_probs,
     top_p_probs,
 )
-from specverify.errors import InvalidArgument
+from specverify.core.errors import InvalidArgument
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -13,10 +13,10 @@ import sys
 import numpy as np
 import pytest
 
-from specverify.errors import InvalidArgument
+from specverify.core.errors import InvalidArgument
 from specverify.report import load_report, render_html, render_markdown, write_report
 from specverify.report import io as report_io
-from specverify.results import Report, TestResult
+from specverify.core.results import Report, TestResult
 
 EVIL = '<script>alert("x")</script>'
 
@@ -336,7 +336,7 @@ def test_noncentrality_matches_scipy_power():
 
 
 def _efficiency_extra(draft_costs=(0.05,), latency=True):
-    """``extra["efficiency"]`` shaped as :func:`specverify.drafter_audit.efficiency.efficiency_section` writes it."""
+    """``extra["efficiency"]`` shaped as :func:`specverify.drafter.acceptance.efficiency_section` writes it."""
     rates = [0.9085, 0.9081, 0.9092, 0.9074]
     drafted = [17453, 15856, 14399, 13092]
     positions = [{"position": i + 1, "drafted": drafted[i], "accepted": round(drafted[i] * rates[i]),
@@ -520,8 +520,8 @@ def test_duration_and_count_formatting():
 
 @pytest.mark.slow
 def test_real_drafter_audit_renders_its_sections(tmp_path):
-    from specverify.drafter_audit import audit_drafter
-    from specverify.examples.factories import table_target, zoo_drafter
+    from specverify.drafter import audit_drafter
+    from specverify.cli.factories import table_target, zoo_drafter
 
     report = audit_drafter(zoo_drafter(name="noisy"), table_target(), draft_cost=0.05, model_params=8e9)
     md = render_markdown(report)

@@ -2,7 +2,7 @@
 
 Statistical checks: per in-block position i, the category "token y emitted at i" or
 "block ended before i" over B rows is multinomial with probabilities from
-``specverify.exact.position_laws``; a pooled chi-square at alpha 1e-7 per position
+``specverify.core.exact.position_laws``; a pooled chi-square at alpha 1e-7 per position
 (seed drawn inside the example).  Planted wrong rules (residual = p, bonus from the
 residual) run through the same check and must be rejected.
 """
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from _strategies import normalise, pooled_chisquare, weight_rows
 from reference.rules import check_verifier_inputs, greedy_verify, residual_weights, verify
 from reference.sampling import sample, uniform
-from specverify import exact
+from specverify.core import exact
 from specverify.mutants import by_name
 
 ALPHA = 1e-7

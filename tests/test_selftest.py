@@ -26,10 +26,10 @@ from scipy import stats as st
 
 import specverify.selftest as selftest
 from specverify import mutants
-from specverify.efficiency_limit import bernoulli_lr_samples_needed, lr_samples_needed
-from specverify.errors import InvalidArgument
+from specverify.selftest.lr_limit import bernoulli_lr_samples_needed, lr_samples_needed
+from specverify.core.errors import InvalidArgument
 from specverify.mutants import CatalogueEntry
-from specverify.scenarios import get_scenarios
+from specverify.verifier.scenarios import get_scenarios
 from specverify.selftest.calibration import clopper_pearson
 from specverify.selftest.plan import MUTANT_SCENARIOS, equivalent_scenarios, mutant_scenarios
 from specverify.selftest.render import MATRIX_COLUMNS, render_markdown, render_text

@@ -1,7 +1,7 @@
 """Bad input: every public function raises InvalidArgument naming the argument (and its value).
 
 Covers reference.rules (verify, greedy_verify), reference.sampling (sample),
-specverify.exact, and the specverify.validation helpers directly.
+specverify.core.exact, and the specverify.core.validation helpers directly.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import torch
 
 from reference.rules import greedy_verify, verify
 from reference.sampling import sample
-from specverify import exact
-from specverify.errors import InvalidArgument, SpecVerifyError
-from specverify.validation import (
+from specverify.core import exact
+from specverify.core.errors import InvalidArgument, SpecVerifyError
+from specverify.core.validation import (
     check_alpha,
     check_generator,
     check_int,

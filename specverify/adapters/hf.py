@@ -32,8 +32,8 @@ from typing import Sequence
 
 import torch
 
-from specverify.errors import ImplementationError, InvalidArgument
-from specverify.validation import check_int, check_shape, check_tokens
+from specverify.core.errors import ImplementationError, InvalidArgument
+from specverify.core.validation import check_int, check_shape, check_tokens
 
 try:
     import transformers

@@ -44,8 +44,8 @@ import inspect
 import torch
 
 from reference.rules import check_verifier_inputs
-from specverify.errors import ImplementationError, InvalidArgument
-from specverify.validation import check_generator, check_int
+from specverify.core.errors import ImplementationError, InvalidArgument
+from specverify.core.validation import check_generator, check_int
 
 try:
     import transformers

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import torch
 
-from specverify.errors import InvalidArgument
-from specverify.validation import check_int
+from specverify.core.errors import InvalidArgument
+from specverify.core.validation import check_int
 
 try:
     import transformers

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from specverify.errors import InvalidArgument
+from specverify.core.errors import InvalidArgument
 
 __all__ = ["CatalogueEntry", "CATALOGUE", "by_name", "entries"]
 

@@ -29,8 +29,8 @@ from typing import Callable, NamedTuple
 import torch
 
 from reference.sampling import sample, uniform
-from specverify.errors import InvalidArgument
-from specverify.validation import check_generator, check_shape, check_tokens
+from specverify.core.errors import InvalidArgument
+from specverify.core.validation import check_generator, check_shape, check_tokens
 
 __all__ = [
     "Block", "check_structure", "make_block", "chain",

@@ -1,6 +1,6 @@
 """Statistical correctness reports: one ``Report`` -> ``report.json``, ``report.md``, ``report.html``.
 
-The JSON written by :meth:`specverify.results.Report.to_json` is the record; the
+The JSON written by :meth:`specverify.core.results.Report.to_json` is the record; the
 Markdown and the self-contained HTML (inline CSS, inline base64 PNG plots, no
 JavaScript, no network) are renderings of it.  Rendering is deterministic: the
 same report gives byte-identical files (no timestamps other than those already
@@ -47,7 +47,7 @@ Keys read from the report (all optional; absent or malformed -> the section is s
     ``"diagnosis"`` (drafter audits): ``{"culprit": "drafter" | "verifier" | "protocol" | None,
     "message": str (one sentence), "failed_tests": list[str]}``; shown right after the verdict
     paragraph, the failing tests listed unless the message names them all.
-    ``"efficiency"`` (drafter audits, :mod:`specverify.drafter_audit.efficiency`), shown in its
+    ``"efficiency"`` (drafter audits, :mod:`specverify.drafter.acceptance`), shown in its
     own section (:mod:`specverify.report.drafter`): ``"k"``: int (audited K); ``"ci_level"``:
     float; ``"rounds"``, ``"tokens_generated"``, ``"tokens_kept"``: int; ``"positions"``: list of
     ``{"position", "drafted", "accepted", "observed_rate", "ci_low", "ci_high", "expected_rate"}``;

@@ -2,7 +2,7 @@
 
 Markdown and HTML renderers both build on these helpers so that the two always
 tell the same story.  Everything here is pure and deterministic; inputs may come
-from a live :class:`~specverify.results.Report` or one read back from JSON (where
+from a live :class:`~specverify.core.results.Report` or one read back from JSON (where
 non-finite floats are strings such as ``"nan"``), so every number is read through
 :func:`num`.  The keys read are documented in :mod:`specverify.report`.
 """
@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from specverify.results import FAIL, PASS, SUSPICIOUS, Report, TestResult
+from specverify.core.results import FAIL, PASS, SUSPICIOUS, Report, TestResult
 
 GRADE_ORDER = {FAIL: 0, SUSPICIOUS: 1, PASS: 2}
 

@@ -1,6 +1,6 @@
 """Drafter-audit sections of a report: the diagnosis and the efficiency numbers, format-independent.
 
-:func:`specverify.drafter_audit.audit_drafter` stores ``Report.extra["diagnosis"]``
+:func:`specverify.drafter.audit_drafter` stores ``Report.extra["diagnosis"]``
 (which component is at fault) and ``Report.extra["efficiency"]`` (acceptance per
 in-block position with Clopper-Pearson intervals, accepted length, target passes
 per token, the speedup curve of Leviathan et al. 2023, sec. 3, and the memory-bound
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from specverify.report import content as c
-from specverify.results import Report
+from specverify.core.results import Report
 
 __all__ = ["Diagnosis", "diagnosis", "Efficiency", "efficiency", "fmt_seconds", "rendered_extra_keys"]
 

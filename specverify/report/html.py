@@ -1,4 +1,4 @@
-"""Self-contained HTML rendering of a :class:`~specverify.results.Report` (``report.html``).
+"""Self-contained HTML rendering of a :class:`~specverify.core.results.Report` (``report.html``).
 
 One file: inline CSS, plots as inline ``data:image/png;base64`` images, no
 JavaScript, no external resources, so it can be attached to a CI run or mailed.
@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from specverify.report import content as c
 from specverify.report import drafter as d
 from specverify.report.plots import PlotSet, render_plots
-from specverify.results import FAIL, PASS, SUSPICIOUS, Report, TestResult
+from specverify.core.results import FAIL, PASS, SUSPICIOUS, Report, TestResult
 
 __all__ = ["render_html"]
 

@@ -5,7 +5,7 @@ one to a temporary file in the destination directory and ``os.replace``-s it ove
 the old one, so a reader sees either the previous file or the new one, never a
 torn write; on any error the temporary file is removed and the previous file is
 left untouched.  :func:`load_report` parses ``report.json`` with :mod:`json` and
-:meth:`specverify.results.Report.from_json` (which checks the schema version).
+:meth:`specverify.core.results.Report.from_json` (which checks the schema version).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import os
 import tempfile
 from pathlib import Path
 
-from specverify.errors import InvalidArgument
+from specverify.core.errors import InvalidArgument
 from specverify.report.html import render_html
 from specverify.report.markdown import render_markdown
-from specverify.results import Report
+from specverify.core.results import Report
 
 __all__ = ["write_report", "load_report", "atomic_write_text", "FILENAMES"]
 
@@ -63,7 +63,7 @@ def write_report(report: Report, out_dir, *, plots: bool = True) -> dict[str, Pa
         ``{"json": Path, "markdown": Path, "html": Path}``.
     """
     if not isinstance(report, Report):
-        raise InvalidArgument(f"report must be a specverify.results.Report, got {type(report).__name__}")
+        raise InvalidArgument(f"report must be a specverify.core.results.Report, got {type(report).__name__}")
     try:
         out = Path(out_dir)
     except TypeError:

@@ -1,4 +1,4 @@
-"""Markdown rendering of a :class:`~specverify.results.Report` (``report.md``).
+"""Markdown rendering of a :class:`~specverify.core.results.Report` (``report.md``).
 
 Order: title and one-line configuration, the verdict paragraph, the diagnosis
 (drafter audits: which component is at fault), implementation
@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from specverify.report import content as c
 from specverify.report import drafter as d
-from specverify.results import FAIL, PASS, SUSPICIOUS, Report, TestResult
+from specverify.core.results import FAIL, PASS, SUSPICIOUS, Report, TestResult
 
 __all__ = ["render_markdown", "md_text", "md_code"]
 

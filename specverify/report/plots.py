@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from specverify.report import content as c
-from specverify.results import FAIL, PASS, SUSPICIOUS, Report, TestResult
+from specverify.core.results import FAIL, PASS, SUSPICIOUS, Report, TestResult
 
 __all__ = ["Plot", "PlotSet", "render_plots", "noncentrality_for_power"]
 

@@ -11,9 +11,9 @@
    mutants and honest drafters (:mod:`.others`);
 3. a calibration run at alpha = 0.05 (:mod:`.calibration`);
 4. optionally (``lr=True``; on with ``--matrix`` and in the standard tier) the
-   likelihood-ratio limit per verifier mutant (:mod:`specverify.efficiency_limit`),
+   likelihood-ratio limit per verifier mutant (:mod:`specverify.selftest.lr_limit`),
    and (``peers=True``, on with ``--matrix``) the three peer tests of
-   :mod:`specverify.peers` on every verifier entry, for the Markdown matrix
+   :mod:`specverify.selftest.peers` on every verifier entry, for the Markdown matrix
    (:mod:`.render`).
 
 ``main(tier, seed, as_json, matrix_path) -> int`` is the CLI entry: exit status 1 if a
@@ -26,9 +26,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from specverify.errors import InvalidArgument
-from specverify.scenarios import TIERS
-from specverify.validation import check_alpha, check_int
+from specverify.core.errors import InvalidArgument
+from specverify.verifier.scenarios import TIERS
+from specverify.core.validation import check_alpha, check_int
 
 from .calibration import run_calibration
 from .others import run_decoder_mutants, run_drafter_mutants
@@ -52,7 +52,7 @@ class SelftestResult:
         One per entry (verifier mutants, equivalents, decoder and drafter entries).
     calibration : dict or None
     peers : tuple of dict or None
-        :func:`specverify.peers.peer_matrix` rows (with ``results`` flattened to dicts).
+        :func:`specverify.selftest.peers.peer_matrix` rows (with ``results`` flattened to dicts).
     tier, seed, alpha : run parameters
     seconds : float
     notes : tuple of str
@@ -100,7 +100,7 @@ class SelftestResult:
 
 
 def _peer_rows(entries, seed: int) -> tuple:
-    from specverify.peers import peer_matrix
+    from specverify.selftest.peers import peer_matrix
 
     rows = []
     for row in peer_matrix(entries, seed=seed):
@@ -141,7 +141,7 @@ def run_selftest(tier: str = "smoke", seed: int = 0, *, alpha: float = ALPHA, ve
     seed = check_int("seed", seed, minimum=0)
     alpha = check_alpha("alpha", alpha)
     from specverify import mutants
-    from specverify.battery import environment
+    from specverify.verifier.battery import environment
 
     verifiers = tuple(mutants.entries("verifier") if verifiers is None else verifiers)
     equivalents = tuple(mutants.entries("equivalent") if equivalents is None else equivalents)

@@ -20,10 +20,10 @@ import numpy as np
 from scipy import stats as _st
 
 from specverify import stats
-from specverify.battery import run_scenario
+from specverify.verifier.battery import run_scenario
 from specverify.mutants import by_name
-from specverify.results import FAIL
-from specverify.scenarios import get_scenarios
+from specverify.core.results import FAIL
+from specverify.verifier.scenarios import get_scenarios
 
 from .plan import CALIBRATION_SCENARIOS, ONE_HOT_DRAFTERS
 from .verifiers import scaled_scenario

@@ -1,10 +1,10 @@
 """Decoder and drafter mutants in the selftest: ``check_decoder`` and ``audit_drafter`` runs.
 
-Decoder mutants (:data:`specverify.decoder_mutants.DECODER_MUTANTS`) wrap the reference
+Decoder mutants (:data:`specverify.mutants.decoder.DECODER_MUTANTS`) wrap the reference
 speculative decoder around the tiny seeded transformer pair
 (``reference.models.make_pair(vocab_size=32, seed=3, d_model=32, n_layers=2, n_heads=2,
 draft_layers=1)``, K = 3); the lossless one (``stale_context``) must pass.  Drafter
-mutants (:mod:`specverify.drafter_mutants`, when present) and its honest drafters are
+mutants (:mod:`specverify.mutants.drafter`, when present) and its honest drafters are
 audited against the Markov target of the ``markov8_temperature_k2`` scenario.
 
 These checks are too slow for a doubling schedule in CI, so "samples needed" is the
@@ -22,7 +22,7 @@ import time
 
 from scipy import stats as _st
 
-from specverify.results import FAIL
+from specverify.core.results import FAIL
 from specverify.stats.power import noncentrality_needed
 
 from .verifiers import best_result, killing_test
@@ -82,8 +82,8 @@ def run_decoder_mutants(*, tier: str, seed: int, alpha: float, names=None) -> li
     """One row per decoder mutant (``lossy=False`` ones are expected to pass)."""
     from reference.direct import TargetAdapter
     from reference.models import make_pair
-    from specverify.decoder_check import TIER_PLANS, check_decoder
-    from specverify.decoder_mutants import DECODER_MUTANTS, make_decoder_mutant
+    from specverify.decoder import TIER_PLANS, check_decoder
+    from specverify.mutants.decoder import DECODER_MUTANTS, make_decoder_mutant
 
     target, drafter = make_pair(vocab_size=32, seed=3, d_model=32, n_layers=2, n_heads=2, draft_layers=1)
     plan = TIER_PLANS[tier]
@@ -108,11 +108,11 @@ DRAFTER_TARGET_SCENARIO = "markov8_temperature_k2"
 def run_drafter_mutants(*, tier: str, seed: int, alpha: float, names=None) -> tuple[list[dict], str]:
     """One row per drafter mutant and honest drafter; ``([], note)`` when the module is missing."""
     try:
-        from specverify import drafter_mutants as dm
-        from specverify.drafter_audit import AUDIT_PLANS, audit_drafter
+        from specverify.mutants import drafter as dm
+        from specverify.drafter import AUDIT_PLANS, audit_drafter
     except ImportError as exc:
         return [], f"drafter mutants skipped: {exc}"
-    from specverify.scenarios import get_scenarios
+    from specverify.verifier.scenarios import get_scenarios
 
     (scenario,) = get_scenarios([DRAFTER_TARGET_SCENARIO])
     target, _ = scenario.build()

@@ -2,7 +2,7 @@
 
 The full smoke battery takes ~60 s per implementation, too much for ~40 entries in
 CI, so in the ``smoke`` tier each verifier mutant runs only on the scenarios that
-expose its bug class (``specverify.scenarios``' docstring table; the first one or two
+expose its bug class (``specverify.verifier.scenarios``' docstring table; the first one or two
 listed) and each equivalent variant on scenarios its ``requires`` allows.  The
 ``standard`` tier runs the full battery for every mutant and every scenario that
 ``requires`` allows for the equivalents.
@@ -36,8 +36,8 @@ stochastic drafter) in smoke.
 
 from __future__ import annotations
 
-from specverify.errors import InvalidArgument
-from specverify.scenarios import SCENARIOS, TIERS
+from specverify.core.errors import InvalidArgument
+from specverify.verifier.scenarios import SCENARIOS, TIERS
 
 __all__ = ["MUTANT_SCENARIOS", "EQUIVALENT_SMOKE", "ONE_HOT_DRAFTERS", "mutant_scenarios", "equivalent_scenarios",
            "CALIBRATION_SCENARIOS"]

@@ -1,6 +1,6 @@
 """Run the battery on one verifier entry: verdict, killing test, samples needed, LR limit.
 
-* verdict: :func:`specverify.battery.check_verifier` on the entry's scenarios
+* verdict: :func:`specverify.verifier.battery.check_verifier` on the entry's scenarios
   (:mod:`.plan`) at the run's alpha;
 * killing test: the failing result with the smallest adjusted p-value (a protocol
   violation, i.e. an ``ImplementationError``, counts as a kill by the protocol check);
@@ -9,7 +9,7 @@
   the scenario's batch size, more batches above it), each level graded on its own at
   alpha -- the emitted tokens of the smallest level that kills, else the full level's
   (the verdict run).  The schedule's resolution is a factor 2;
-* LR limit (:mod:`specverify.efficiency_limit`): for the killing test's token set, the
+* LR limit (:mod:`specverify.selftest.lr_limit`): for the killing test's token set, the
   samples the Neyman-Pearson test that knows the mutant's law would need at alpha and
   power 0.9, expressed in emitted tokens of the scenario; ratio = samples needed / that.
 """
@@ -21,9 +21,9 @@ import math
 import time
 
 from specverify import stats
-from specverify.battery import check_verifier, run_scenario
-from specverify.results import FAIL
-from specverify.scenarios import get_scenarios
+from specverify.verifier.battery import check_verifier, run_scenario
+from specverify.core.results import FAIL
+from specverify.verifier.scenarios import get_scenarios
 
 __all__ = ["killing_test", "run_verifier_entry", "scaled_scenario", "scenario_tokens", "FIRST_LEVEL_ROWS"]
 
@@ -129,7 +129,7 @@ def run_verifier_entry(entry, *, tier: str, seed: int, alpha: float, scenarios=N
             row["lr"] = {"n_lr_tokens": None, "note": "no LR limit: the mutant makes the rows of a batch dependent "
                          "(each row's law is exact), so the i.i.d. likelihood-ratio limit does not apply"}
         elif lr_rows:
-            from specverify.efficiency_limit import estimate_law_limit
+            from specverify.selftest.lr_limit import estimate_law_limit
 
             t0 = time.perf_counter()
             try:

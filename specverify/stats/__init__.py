@@ -1,6 +1,6 @@
 """Statistics core of specverify: exact goodness of fit, two-sample, directed,
 acceptance and independence tests, power statements, the run's error budget and
-anytime-valid e-processes.  Every test returns a :class:`specverify.results.TestResult`.
+anytime-valid e-processes.  Every test returns a :class:`specverify.core.results.TestResult`.
 
 Modules: :mod:`.binning` (bins fixed from p and N), :mod:`.gof` (Cressie-Read GOF,
 support), :mod:`.twosample`, :mod:`.directed` (PIT, scores, acceptance),

@@ -1,7 +1,7 @@
 """Shared helpers of the statistics package: input conversion, validation, Cressie-Read.
 
 Every public statistic accepts numpy arrays, torch tensors or sequences and computes
-in float64.  Bad input raises :class:`specverify.errors.InvalidArgument` naming the
+in float64.  Bad input raises :class:`specverify.core.errors.InvalidArgument` naming the
 argument and the offending value.
 
 References: N. Cressie and T. R. C. Read, "Multinomial goodness-of-fit tests",
@@ -15,8 +15,8 @@ import math
 
 import numpy as np
 
-from specverify.errors import InvalidArgument
-from specverify.validation import check_alpha  # noqa: F401  (re-exported for the stats modules)
+from specverify.core.errors import InvalidArgument
+from specverify.core.validation import check_alpha  # noqa: F401  (re-exported for the stats modules)
 
 __all__ = [
     "as_float_array",

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specverify.errors import InvalidArgument
+from specverify.core.errors import InvalidArgument
 
 from ._common import as_probs, check_e_min
 

@@ -24,8 +24,8 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from specverify.errors import InvalidArgument
-from specverify.results import FAIL, PASS, SUSPICIOUS, TestResult
+from specverify.core.errors import InvalidArgument
+from specverify.core.results import FAIL, PASS, SUSPICIOUS, TestResult
 
 from ._common import check_alpha
 from .power import min_detectable_tv

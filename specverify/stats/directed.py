@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from scipy import stats as _st
 
-from specverify.errors import InvalidArgument
-from specverify.results import TestResult
-from specverify.validation import check_generator
+from specverify.core.errors import InvalidArgument
+from specverify.core.results import TestResult
+from specverify.core.validation import check_generator
 
 from ._common import as_float_array, as_probs, check_alpha, result_options
 

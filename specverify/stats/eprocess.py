@@ -29,8 +29,8 @@ from typing import Iterable
 import numpy as np
 from scipy.special import gammaln, logsumexp
 
-from specverify.errors import InvalidArgument
-from specverify.results import TestResult
+from specverify.core.errors import InvalidArgument
+from specverify.core.results import TestResult
 
 from ._common import as_counts, as_probs, check_alpha, result_options
 

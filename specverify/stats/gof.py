@@ -16,8 +16,8 @@ import math
 import numpy as np
 from scipy import stats as _st
 
-from specverify.errors import InvalidArgument
-from specverify.results import TestResult
+from specverify.core.errors import InvalidArgument
+from specverify.core.results import TestResult
 
 from ._common import as_counts, as_float_array, check_alpha, cressie_read, result_options
 from .binning import Bins, bin_counts, make_bins

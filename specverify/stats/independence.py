@@ -28,8 +28,8 @@ import math
 import numpy as np
 from scipy import stats as _st
 
-from specverify.errors import InvalidArgument
-from specverify.results import TestResult
+from specverify.core.errors import InvalidArgument
+from specverify.core.results import TestResult
 
 from ._common import as_float_array, as_probs, check_alpha, result_options
 

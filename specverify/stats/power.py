@@ -28,7 +28,7 @@ import math
 
 from scipy import optimize, stats as _st
 
-from specverify.errors import InvalidArgument
+from specverify.core.errors import InvalidArgument
 
 from ._common import check_alpha
 

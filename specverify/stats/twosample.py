@@ -20,8 +20,8 @@ import math
 import numpy as np
 from scipy import stats as _st
 
-from specverify.errors import InvalidArgument
-from specverify.results import TestResult
+from specverify.core.errors import InvalidArgument
+from specverify.core.results import TestResult
 
 from ._common import as_counts, check_alpha, cressie_read, result_options
 from .binning import bin_counts, make_bins

@@ -17,8 +17,8 @@ from scipy import stats as sps
 from scipy.special import gammaln
 
 from specverify import stats
-from specverify.errors import InvalidArgument
-from specverify.results import TestResult
+from specverify.core.errors import InvalidArgument
+from specverify.core.results import TestResult
 
 
 # ----------------------------------------------------------------------------- binning

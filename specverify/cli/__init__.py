@@ -1,0 +1,15 @@
+"""How users run the suite: the ``specverify`` command line and the pytest plugin.
+
+``commands`` (argument parsing, ``audit`` / ``selftest`` / ``examples`` / ``demo``),
+``plugin`` (the pytest11 plugin), ``factories`` (built-in implementations by
+``PKG.MOD:NAME``), ``examples`` (the example-report generator), ``demo``.
+"""
+
+from __future__ import annotations
+
+
+def main(argv=None) -> int:
+    """The ``specverify`` console script (see :mod:`specverify.cli.commands`)."""
+    from specverify.cli.commands import main as _main
+
+    return _main(argv)

@@ -1,0 +1,23 @@
+"""Auditing a whole decoder: ``check_decoder`` and the protocol decoder.
+
+``battery`` (``check_decoder``: tiers, orchestration, grading), ``protocol`` (driving a
+decoder and a target under test, output validation, seeds and prompts), ``exact`` (the
+exact-conditional battery), ``twosample`` (the two-sample battery against direct target
+sampling), ``pipeline`` (``ProtocolDecoder``: a speculative decoder assembled from a
+drafter, a target and a verifier, used to audit drafters end to end).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {name: "specverify.decoder.battery" for name in ("check_decoder", "TierPlan", "TIER_PLANS")}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'specverify.decoder' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,280 @@
+"""Whole-decoder check: does ``decoder.generate`` emit exactly the target's processed law?
+
+``check_decoder(decoder, target, *, reference=None, tier="smoke", seed=0, alpha=1e-3,
+progress=None, prompts=None, greedy=None) -> Report``
+
+The decoder (protocol ``generate(prompt (T,), *, num_samples, max_new_tokens, seed) ->
+(num_samples, max_new_tokens) long``) is run from fixed prompts derived from the seed
+and the vocabulary size (V is learned from one ``target.next_token_probs`` call), or
+from ``prompts=``.  Each prompt is one scenario:
+
+1. protocol: the output is validated (shape, integer dtype, ids in [0, V)) and the
+   same seed is run twice on a few samples (outputs must be identical).  A violation,
+   or an exception from the decoder or the target, becomes an ``ImplementationError``
+   message in ``Report.errors`` and the verdict ``"fail"`` -- never a crash;
+2. exact mode (a ``target`` is given): the target's exact conditionals at every
+   sampled prefix (its batched ``conditionals`` if it has one, else
+   ``next_token_probs`` per position) feed per-position and per-prefix-node
+   goodness of fit, the directed PIT / entropy-score tests over every token, the
+   exact support check and the collision test on the first tokens
+   (:mod:`.exact`).  When every conditional is one-hot (temperature 0), or with
+   ``greedy=True``, a ``greedy`` test compares every row with the target's argmax
+   continuation (p-value 0 on any mismatch);
+3. two-sample mode (``reference`` given, ``target`` None): per-position, pair and
+   per-node two-sample tests against m = 4 n reference samples (:mod:`.twosample`).
+
+All results are graded together (weighted Holm, :func:`specverify.stats.grade`) at the
+run's family-wise ``alpha``.  Deterministic: same decoder, seed and tier, same report.
+
+Tiers: ``smoke`` (<= 60 s on 2 CPU cores for the reference decoder with its tiny
+models), ``standard`` (<= 10 min), ``deep`` (sized for a GPU).
+
+References: Leviathan, Kalman & Matias (ICML 2023); Chen et al. (2023); design.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from specverify import stats
+from specverify.core.errors import ImplementationError, InvalidArgument
+from specverify.core.results import FAIL, Report, TestResult
+from specverify.core.validation import check_int, check_run_options
+
+from .exact import ExactPlan, analyse_exact
+from .protocol import (ProgressTicker, call_generate, check_determinism, derive_seed, generate_fn, implementation_name,
+                       make_prompts, next_token_probs, normalise_prompts, vocab_size_of)
+from .twosample import analyse_two_sample
+
+__all__ = ["check_decoder", "TierPlan", "TIER_PLANS"]
+
+
+@dataclass(frozen=True)
+class TierPlan:
+    """Sample sizes of a tier (per scenario = per prompt)."""
+
+    num_prompts: int
+    num_samples: int
+    max_new_tokens: int
+    determinism_samples: int
+    max_nodes: int
+    min_node_visits: int
+    greedy_samples: int
+    reference_factor: int = 4
+
+
+TIER_PLANS = {
+    "smoke": TierPlan(num_prompts=2, num_samples=4000, max_new_tokens=8, determinism_samples=16, max_nodes=6,
+                      min_node_visits=200, greedy_samples=32),
+    "standard": TierPlan(num_prompts=4, num_samples=40_000, max_new_tokens=16, determinism_samples=32, max_nodes=24,
+                         min_node_visits=400, greedy_samples=128),
+    "deep": TierPlan(num_prompts=8, num_samples=400_000, max_new_tokens=32, determinism_samples=64, max_nodes=64,
+                     min_node_visits=1000, greedy_samples=1024),
+}
+
+
+def _environment(decoder) -> dict:
+    import scipy
+
+    import specverify
+
+    device = getattr(decoder, "device", None)
+    return {
+        "specverify": specverify.__version__, "torch": torch.__version__, "numpy": np.__version__,
+        "scipy": scipy.__version__, "python": platform.python_version(), "platform": platform.platform(),
+        "device": str(device) if device is not None else "cpu",
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+
+
+def _greedy_result(target, prompt: torch.Tensor, tokens: torch.Tensor, vocab_size: int, scenario: str) -> TestResult:
+    """Every row must equal the target's argmax continuation (lowest id on ties); p-value 0 on any mismatch."""
+    N, L = tokens.shape
+    seq = prompt[None].clone()  # (1, T)
+    for _ in range(L):
+        probs = next_token_probs(target, seq, vocab_size)  # (1, V)
+        seq = torch.cat([seq, probs.argmax(-1, keepdim=True)], dim=1)
+    expected = seq[0, prompt.numel():]  # (L,)
+    wrong = tokens != expected[None]  # (N, L)
+    bad_rows = wrong.any(1).nonzero().flatten()
+    details = {"expected": expected.tolist(), "mismatched_rows": int(bad_rows.numel()),
+               "mismatched_tokens": int(wrong.sum())}
+    if bad_rows.numel():
+        row = int(bad_rows[0])
+        details.update(first_row=row, first_position=int(wrong[row].nonzero()[0]) + 1, observed=tokens[row].tolist())
+    return TestResult(
+        statistic=float(wrong.sum()), pvalue=0.0 if bad_rows.numel() else 1.0, name="greedy", family="greedy",
+        method="greedy: every row must equal the target's argmax continuation token for token (exact)",
+        n=N * L, scenario=scenario, position="all", details=details)
+
+
+def _protocol_result(scenario: str, error: str | None, n: int) -> TestResult:
+    return TestResult(
+        statistic=0.0 if error is None else 1.0, pvalue=1.0 if error is None else 0.0, name="protocol",
+        family="protocol", n=n, scenario=scenario, position="",
+        method="protocol: shape, integer dtype, token ids in [0, V), same seed -> same output (exact)",
+        details={} if error is None else {"error": error})
+
+
+def check_decoder(decoder, target=None, *, reference=None, tier: str = "smoke", seed: int = 0, alpha: float = 1e-3,
+                  progress=None, prompts=None, greedy: bool | None = None, num_samples: int | None = None,
+                  max_new_tokens: int | None = None) -> Report:
+    """Check that a whole speculative decoder emits exactly its target's (processed) law.
+
+    Parameters
+    ----------
+    decoder : object with ``generate(prompt, *, num_samples, max_new_tokens, seed)``
+        The decoder under test (a plain callable with that signature also works).
+    target : object with ``next_token_probs(prefix (B, T)) -> (B, V)``, optional
+        The target's processed conditionals (an optional batched
+        ``conditionals(sequences (B, T+L), start=T) -> (B, L, V)`` is used when present).
+    reference : decoder, optional
+        A second decoder (e.g. direct sampling); with ``target=None`` the check is
+        two-sample, with m = 4 n reference samples.  Unused when ``target`` is given
+        (the exact conditionals are strictly more informative).
+    tier : {"smoke", "standard", "deep"}
+    seed : int
+        Root seed; every decoder seed, prompt and PIT uniform derives from it.
+    alpha : float
+        Family-wise false-alarm rate of the whole run.
+    progress : callable, optional
+        ``progress(done, total, name)`` after every stage.
+    prompts : 1-D token sequence or sequence of them, optional
+        Replace the derived prompts (one scenario per prompt).
+    greedy : bool or None
+        ``True``: the decoder is greedy; only the protocol and the argmax continuation
+        are checked (needs ``target``).  ``None`` (default): a ``greedy`` test is added
+        when every exact conditional is one-hot.  ``False``: never.
+    num_samples, max_new_tokens : int, optional
+        Override the tier's samples per prompt / new tokens per sample.
+
+    Returns
+    -------
+    Report
+        ``kind="decoder"``; ``errors`` holds protocol violations (verdict ``"fail"``).
+
+    Raises
+    ------
+    InvalidArgument
+        On bad arguments of this function (never for a misbehaving implementation).
+    """
+    started = time.perf_counter()
+    seed, alpha = check_run_options(tier, TIER_PLANS, seed, alpha, progress)
+    if greedy not in (None, True, False):
+        raise InvalidArgument(f"greedy must be None, True or False, got {greedy!r}")
+    generate = generate_fn(decoder)
+    if target is not None and not callable(getattr(target, "next_token_probs", None)):
+        raise InvalidArgument(f"target must have a .next_token_probs(prefix) method, got {type(target).__name__}")
+    ref_generate = generate_fn(reference, "reference") if reference is not None else None
+    if target is None and reference is None:
+        raise InvalidArgument("check_decoder needs a target (exact conditionals) or a reference decoder (two-sample)")
+    if greedy is True and target is None:
+        raise InvalidArgument("greedy=True needs a target (the argmax continuation is computed from it)")
+    plan = TIER_PLANS[tier]
+    if num_samples is not None:
+        plan = dataclasses.replace(plan, num_samples=check_int("num_samples", num_samples, minimum=2))
+    if max_new_tokens is not None:
+        plan = dataclasses.replace(plan, max_new_tokens=check_int("max_new_tokens", max_new_tokens, minimum=1))
+    exact_plan = ExactPlan(max_nodes=plan.max_nodes, min_node_visits=plan.min_node_visits, alpha=alpha)
+    mode = "greedy" if greedy is True else ("exact" if target is not None else "two_sample")
+
+    errors: list[str] = []
+    base = dict(kind="decoder", implementation=implementation_name(decoder), tier=tier, seed=seed, alpha=alpha,
+                environment=_environment(decoder))
+
+    # ---- vocabulary and prompts
+    V = None
+    if target is not None:
+        if prompts is not None:
+            normalise_prompts(prompts, None)  # bad usage is reported before the target is called
+        probe = torch.zeros(1, dtype=torch.long)  # token 0 is valid for every vocabulary
+        try:
+            V = next_token_probs(target, probe[None]).shape[-1]
+        except ImplementationError as error:
+            errors.append(f"target: {error}")
+            return Report(verdict=FAIL, errors=tuple(errors), timings={"total": time.perf_counter() - started},
+                          extra={"mode": mode}, **base)
+    else:
+        V = vocab_size_of(decoder, reference)
+    prompt_list = normalise_prompts(prompts, V) if prompts is not None else make_prompts(plan.num_prompts, V or 2, seed=seed)
+    k = getattr(decoder, "k", None)
+    k = int(k) if isinstance(k, (int, np.integer)) and not isinstance(k, bool) else None
+
+    results: list[TestResult] = []
+    scenarios, timings, summaries = [], {}, {}
+    stages = 3
+    tick = ProgressTicker(progress, stages * len(prompt_list))
+
+    for i, prompt in enumerate(prompt_list):
+        t0 = time.perf_counter()
+        name = f"prompt{i}"
+        N = plan.greedy_samples if mode == "greedy" else plan.num_samples
+        L = plan.max_new_tokens
+        seeds = {"decoder_seed": derive_seed(seed, 1, i), "determinism_seed": derive_seed(seed, 2, i)}
+        if mode == "exact":
+            seeds["pit_seed"] = derive_seed(seed, 3, i)
+        if mode == "two_sample":
+            seeds["reference_seed"] = derive_seed(seed, 4, i)
+        scenario = {"name": name, "mode": mode, "vocab_size": V, **({"k": k} if k is not None else {}), "n": N,
+                    "max_new_tokens": L, "prompt": prompt.tolist(), **seeds,
+                    "description": f"{mode} check of {N} continuations of {L} new tokens after prompt {prompt.tolist()}"}
+        if mode == "two_sample":
+            scenario["reference_n"] = plan.reference_factor * N
+        scenarios.append(scenario)
+        summary = {}
+        try:
+            t_gen = time.perf_counter()
+            tokens = call_generate(generate, prompt, num_samples=N, max_new_tokens=L, seed=seeds["decoder_seed"],
+                                   vocab_size=V)
+            summary["generate_seconds"] = time.perf_counter() - t_gen
+            summary["tokens_per_second"] = N * L / max(summary["generate_seconds"], 1e-9)
+            tick(f"{name}: generate")
+            check_determinism(generate, prompt, num_samples=plan.determinism_samples, max_new_tokens=L,
+                              seed=seeds["determinism_seed"], vocab_size=V)
+            results.append(_protocol_result(name, None, N))
+            tick(f"{name}: determinism")
+            if mode == "greedy":
+                results.append(_greedy_result(target, prompt, tokens, V, name))
+            elif mode == "exact":
+                analysis = analyse_exact(target, prompt, tokens, V, scenario=name, plan=exact_plan,
+                                         pit_seed=seeds["pit_seed"])
+                summary.update(analysis.summary, all_one_hot=analysis.all_one_hot)
+                if analysis.prompt_probs is not None and V <= 64:
+                    scenario["target_probs_preview"] = [float(x) for x in analysis.prompt_probs]
+                if analysis.all_one_hot:
+                    # Temperature 0: every law is a point mass, so the support check alone is exact and the
+                    # binned / directed / collision tests have no power; keep support, add the greedy check.
+                    results.extend(r for r in analysis.results if r.family == "support")
+                    if greedy is None:
+                        results.append(_greedy_result(target, prompt, tokens, V, name))
+                else:
+                    results.extend(analysis.results)
+            else:
+                ref_tokens = call_generate(ref_generate, prompt, num_samples=plan.reference_factor * N,
+                                           max_new_tokens=L, seed=seeds["reference_seed"], vocab_size=V,
+                                           role="reference")
+                vocab = V if V is not None else int(max(tokens.max(), ref_tokens.max())) + 1
+                scenario["vocab_size"] = vocab
+                results.extend(analyse_two_sample(tokens, ref_tokens, vocab, scenario=name, plan=exact_plan))
+            tick(f"{name}: statistics")
+        except ImplementationError as error:
+            errors.append(f"{name}: {error}")
+            results.append(_protocol_result(name, str(error), N))
+            tick(f"{name}: implementation error", done=stages * (i + 1))
+        timings[name] = time.perf_counter() - t0
+        summaries[name] = summary
+
+    graded = stats.grade(results, alpha=alpha) if results else ()
+    verdict = FAIL if errors else (stats.verdict(graded) if graded else FAIL)
+    timings["total"] = time.perf_counter() - started
+    extra = {"mode": mode, "tier_plan": dataclasses.asdict(plan), "decoder": summaries}
+    if reference is not None:
+        extra["reference"] = implementation_name(reference)
+    return Report(verdict=verdict, results=tuple(graded), errors=tuple(errors), scenarios=tuple(scenarios),
+                  timings=timings, extra=extra, **base)

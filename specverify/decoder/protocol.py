@@ -1,0 +1,225 @@
+"""Driving a decoder and a target under test: calls, output validation, determinism, conditionals.
+
+Everything an implementation under test can get wrong is turned into an
+:class:`~specverify.core.errors.ImplementationError` with a message a reader understands
+without opening the code (observed vs expected, the offending row): an exception
+raised by ``generate`` or ``next_token_probs``, a wrong shape, a non-integer dtype,
+out-of-vocabulary tokens (vLLM GHSA-8wr5), probabilities that are not probability
+rows, or different outputs for the same seed.  The orchestrator records these in
+``Report.errors``; the suite itself never crashes on them.
+
+Also here: root-seed derivation (:func:`derive_seed`, a ``numpy.random.SeedSequence``
+so a root seed and a label give the same child seed on every platform), the fixed
+prompts derived from the seed and V, and the teacher-forced conditionals of a batch
+of sampled continuations (the target's batched ``conditionals`` when it has one,
+else ``next_token_probs`` looped over positions, batched over samples).
+
+Shapes: N samples, T prompt tokens, L new tokens, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from specverify.core.errors import ImplementationError, InvalidArgument
+from specverify.core.validation import check_tokens
+
+__all__ = [
+    "derive_seed",
+    "make_prompts",
+    "normalise_prompts",
+    "implementation_name",
+    "generate_fn",
+    "call_generate",
+    "check_determinism",
+    "vocab_size_of",
+    "target_conditionals",
+]
+
+#: Prompt lengths drawn for derived prompts (inclusive range).
+PROMPT_LEN = (3, 6)
+
+
+def derive_seed(seed: int, *labels: int) -> int:
+    """A child seed in [0, 2**31) of the root ``seed`` for the integer ``labels`` (platform independent)."""
+    state = np.random.SeedSequence(entropy=int(seed), spawn_key=tuple(int(x) for x in labels)).generate_state(1)
+    return int(state[0]) & 0x7FFFFFFF
+
+
+def make_prompts(num_prompts: int, vocab_size: int, *, seed: int) -> list[torch.Tensor]:
+    """``num_prompts`` fixed prompts (T,) long, derived only from ``seed`` and ``vocab_size``."""
+    generator = torch.Generator().manual_seed(derive_seed(seed, 0xC0FFEE))
+    prompts = []
+    for _ in range(num_prompts):
+        length = int(torch.randint(PROMPT_LEN[0], PROMPT_LEN[1] + 1, (1,), generator=generator))
+        prompts.append(torch.randint(0, vocab_size, (length,), generator=generator))
+    return prompts
+
+
+def normalise_prompts(prompts, vocab_size: int | None) -> list[torch.Tensor]:
+    """Validate a ``prompts=`` override: one 1-D token sequence or a sequence of them -> list of (T,) long."""
+    if isinstance(prompts, torch.Tensor) and prompts.ndim == 1:
+        prompts = [prompts]
+    elif isinstance(prompts, (list, tuple)) and prompts and all(isinstance(x, (int, np.integer)) for x in prompts):
+        prompts = [prompts]
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise InvalidArgument(f"prompts must be a non-empty sequence of 1-D token sequences, got {prompts!r}")
+    out = []
+    for i, prompt in enumerate(prompts):
+        tensor = torch.as_tensor(prompt)
+        if tensor.ndim != 1 or tensor.numel() < 1:
+            raise InvalidArgument(f"prompts[{i}] must be a non-empty 1-D token sequence, got shape {tuple(tensor.shape)}")
+        check_tokens(f"prompts[{i}]", tensor, vocab_size if vocab_size is not None else 2**62)
+        if int(tensor.min()) < 0:
+            raise InvalidArgument(f"prompts[{i}] holds negative token ids: {tensor.tolist()}")
+        out.append(tensor.long().cpu())
+    return out
+
+
+def implementation_name(obj) -> str:
+    """``module:QualifiedName`` of an object's class (or of a function), for the report."""
+    if obj is None:
+        return "None"
+    kind = obj if callable(obj) and not hasattr(obj, "generate") and hasattr(obj, "__qualname__") else type(obj)
+    return f"{getattr(kind, '__module__', '?')}:{getattr(kind, '__qualname__', repr(kind))}"
+
+
+def generate_fn(decoder, role: str = "decoder"):
+    """The ``generate`` callable of a decoder object (or the decoder itself when it is a plain callable)."""
+    fn = getattr(decoder, "generate", None)
+    if callable(fn):
+        return fn
+    if callable(decoder):
+        return decoder
+    raise InvalidArgument(f"{role} must have a .generate(prompt, *, num_samples, max_new_tokens, seed) method, "
+                          f"got {type(decoder).__name__}")
+
+
+def vocab_size_of(*objects) -> int | None:
+    """The first integer ``vocab_size`` attribute among ``objects`` (None if none has one)."""
+    for obj in objects:
+        value = getattr(obj, "vocab_size", None)
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1:
+            return int(value)
+    return None
+
+
+def _describe_call(role: str, prompt: torch.Tensor, num_samples: int, max_new_tokens: int, seed: int) -> str:
+    return (f"{role}.generate(prompt={prompt.tolist()}, num_samples={num_samples}, "
+            f"max_new_tokens={max_new_tokens}, seed={seed})")
+
+
+def call_generate(generate, prompt: torch.Tensor, *, num_samples: int, max_new_tokens: int, seed: int,
+                  vocab_size: int | None, role: str = "decoder") -> torch.Tensor:
+    """Call ``generate`` and validate its output; return it as a CPU (N, L) long tensor.
+
+    Raises
+    ------
+    ImplementationError
+        If the call raised, or the output is not an integer (num_samples, max_new_tokens)
+        array of token ids in [0, vocab_size).
+    """
+    call = _describe_call(role, prompt, num_samples, max_new_tokens, seed)
+    try:
+        out = generate(prompt.clone(), num_samples=num_samples, max_new_tokens=max_new_tokens, seed=seed)
+    except Exception as error:  # the implementation under test raised: report it, never crash
+        raise ImplementationError(f"{call} raised {type(error).__name__}: {error}") from error
+    if not isinstance(out, torch.Tensor):
+        try:
+            out = torch.as_tensor(np.asarray(out))
+        except Exception:
+            raise ImplementationError(f"{call} returned {type(out).__name__}, not a tensor of token ids") from None
+    if tuple(out.shape) != (num_samples, max_new_tokens):
+        raise ImplementationError(f"{call} returned shape {tuple(out.shape)}, expected ({num_samples}, {max_new_tokens})")
+    if out.is_floating_point() or out.is_complex() or out.dtype == torch.bool:
+        raise ImplementationError(f"{call} returned dtype {out.dtype}, expected an integer dtype (torch.long)")
+    out = out.detach().to("cpu", torch.long)
+    upper = vocab_size if vocab_size is not None else 2**62
+    bad = (out < 0) | (out >= upper)
+    if bool(bad.any()):
+        row, col = (int(i) for i in bad.nonzero()[0])
+        where = f"[0, {vocab_size})" if vocab_size is not None else "[0, inf)"
+        raise ImplementationError(
+            f"{call} returned token {int(out[row, col])} at row {row}, position {col + 1}, outside the vocabulary "
+            f"{where} ({int(bad.sum())} such tokens)", row=row)
+    return out
+
+
+def check_determinism(generate, prompt: torch.Tensor, *, num_samples: int, max_new_tokens: int, seed: int,
+                      vocab_size: int | None, role: str = "decoder") -> None:
+    """Two calls with the same seed must return identical outputs; raise ImplementationError otherwise."""
+    first = call_generate(generate, prompt, num_samples=num_samples, max_new_tokens=max_new_tokens, seed=seed,
+                          vocab_size=vocab_size, role=role)
+    second = call_generate(generate, prompt, num_samples=num_samples, max_new_tokens=max_new_tokens, seed=seed,
+                           vocab_size=vocab_size, role=role)
+    if not torch.equal(first, second):
+        diff = (first != second).any(1)  # (N,)
+        row = int(diff.nonzero()[0])
+        raise ImplementationError(
+            f"{_describe_call(role, prompt, num_samples, max_new_tokens, seed)} is not deterministic: two calls "
+            f"with the same seed differ in {int(diff.sum())} of {num_samples} rows (row {row}: "
+            f"{first[row].tolist()} vs {second[row].tolist()})", row=row)
+
+
+def _check_target_rows(rows: torch.Tensor, shape: tuple, what: str) -> torch.Tensor:
+    if not isinstance(rows, torch.Tensor):
+        rows = torch.as_tensor(np.asarray(rows))
+    if tuple(rows.shape) != shape:
+        raise ImplementationError(f"target {what} returned shape {tuple(rows.shape)}, expected {shape}")
+    if not rows.is_floating_point():
+        raise ImplementationError(f"target {what} returned dtype {rows.dtype}, expected floating probabilities")
+    rows = rows.detach().to("cpu", torch.float64)
+    if not bool(torch.isfinite(rows).all()) or bool((rows < 0).any()):
+        raise ImplementationError(f"target {what} returned NaN, infinite or negative probabilities")
+    sums = rows.sum(-1)
+    if bool(((sums - 1.0).abs() > 1e-4).any()):
+        i = int(((sums - 1.0).abs() > 1e-4).flatten().nonzero()[0])
+        raise ImplementationError(f"target {what} returned a row summing to {float(sums.flatten()[i]):.6g}, not 1")
+    return rows / sums[..., None]  # renormalised in float64
+
+
+def next_token_probs(target, prefix: torch.Tensor, vocab_size: int | None = None) -> torch.Tensor:
+    """``target.next_token_probs(prefix)`` validated: (B, V) float64 rows on the CPU."""
+    try:
+        rows = target.next_token_probs(prefix)
+    except Exception as error:
+        raise ImplementationError(f"target.next_token_probs(prefix of shape {tuple(prefix.shape)}) raised "
+                                  f"{type(error).__name__}: {error}") from error
+    V = vocab_size if vocab_size is not None else (rows.shape[-1] if getattr(rows, "ndim", 0) == 2 else -1)
+    return _check_target_rows(rows, (prefix.shape[0], V), "next_token_probs")
+
+
+def target_conditionals(target, sequences: torch.Tensor, start: int, vocab_size: int) -> torch.Tensor:
+    """Teacher-forced conditionals of tokens ``start..S-1`` of ``sequences`` (B, S): (B, S - start, V) float64.
+
+    Uses the target's batched ``conditionals(sequences, start=...)`` when present, else
+    ``next_token_probs`` once per position (batched over the rows).
+    """
+    B, S = sequences.shape
+    L = S - start
+    device = getattr(target, "device", None)
+    seqs = sequences.to(device) if isinstance(device, torch.device) else sequences
+    if callable(getattr(target, "conditionals", None)):
+        try:
+            rows = target.conditionals(seqs, start=start)
+        except Exception as error:
+            raise ImplementationError(f"target.conditionals(sequences of shape {(B, S)}, start={start}) raised "
+                                      f"{type(error).__name__}: {error}") from error
+        return _check_target_rows(rows, (B, L, vocab_size), "conditionals")
+    out = torch.empty(B, L, vocab_size, dtype=torch.float64)  # (B, L, V)
+    for j in range(L):
+        out[:, j] = next_token_probs(target, seqs[:, :start + j], vocab_size)
+    return out
+
+
+class ProgressTicker:
+    """Counts finished stages and reports ``progress(done, total, name)`` (a no-op without a callback)."""
+
+    def __init__(self, progress, total: int):
+        self.progress, self.total, self.done = progress, total, 0
+
+    def __call__(self, name: str, *, done: int | None = None) -> None:
+        self.done = self.done + 1 if done is None else done
+        if self.progress is not None:
+            self.progress(self.done, self.total, name)

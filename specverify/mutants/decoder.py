@@ -1,0 +1,138 @@
+"""Decoder mutants: the reference speculative decoder with one planted integration bug each.
+
+Each mutant subclasses :class:`reference.decoder.SpeculativeDecoder` and overrides one
+of its hooks, mirroring a bug real engines shipped (``shared/bugs.md``, table
+"Decoder (integration)").  :data:`DECODER_MUTANTS` lists them with provenance and the
+sampling configuration that makes the loss visible; :func:`make_decoder_mutant`
+builds one.
+
+==========================  =========================================================  ==============
+name                        wrong behaviour                                            provenance
+==========================  =========================================================  ==============
+``kv_not_rolled_back``      rejected drafts stay in the target's KV cache              classic
+``topk_not_in_reported_q``  drafter samples from its top-k law, reports q without it   transformers #47932
+``target_unprocessed``      target probabilities at temperature 1 (user asked 0.7)     vLLM #9834
+``stale_context``           drafter conditioned on the context before the last block   classic
+==========================  =========================================================  ==============
+
+``stale_context`` is *lossless for the output law*: the drafter still reports the law
+it sampled from, and speculative sampling preserves the target law for any drafter
+(Leviathan et al. 2023, Theorem 1).  It only lowers acceptance (tokens per target pass),
+so :func:`specverify.decoder.check_decoder` must PASS it (``lossy=False``); the
+drafter audit's efficiency numbers are where it shows.
+
+References: Leviathan, Kalman & Matias (ICML 2023); vLLM issue #9834 (speculative
+decoding ignored the sampling parameters in the target's verification probabilities).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from reference.decoder import SpeculativeDecoder
+from reference.processors import SamplingConfig, logits_to_probs
+from reference.sampling import sample
+from specverify.core.errors import InvalidArgument
+
+__all__ = [
+    "NoTargetRollback",
+    "TopKNotInReportedQ",
+    "TargetUnprocessed",
+    "StaleDraftContext",
+    "DecoderMutant",
+    "DECODER_MUTANTS",
+    "make_decoder_mutant",
+]
+
+
+class NoTargetRollback(SpeculativeDecoder):
+    """Rejected drafts' keys/values stay in the target's KV cache (never truncated)."""
+
+    def _rollback_target(self, state) -> None:
+        pass
+
+
+class TopKNotInReportedQ(SpeculativeDecoder):
+    """The drafter samples from its processed (top-k) law but reports the law without top-k."""
+
+    def _draft_token(self, logits: torch.Tensor, generator: torch.Generator):
+        sampled_from = logits_to_probs(logits, self.sampling)  # (B, V)
+        reported = logits_to_probs(logits, replace(self.sampling, top_k=None))  # (B, V)
+        return sample(sampled_from, generator=generator, check=False), reported
+
+
+class TargetUnprocessed(SpeculativeDecoder):
+    """The target's verification probabilities at temperature 1, whatever temperature the user asked."""
+
+    def _target_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits_to_probs(logits, replace(self.sampling, temperature=1.0))  # (B, K+1, V)
+
+
+class StaleDraftContext(SpeculativeDecoder):
+    """The drafter conditions on the committed context of the previous round (the last block is missing).
+
+    The drafter's cache is truncated to that stale context before it catches up, so it
+    drafts as if the tokens emitted in the last round did not exist.  Its reported law
+    is still the one it sampled from: lossless, only slower.
+    """
+
+    def _draft_context(self, state):
+        stale = getattr(state, "_stale_len", None)
+        if stale is None or stale.shape != state.seq_len.shape:
+            stale = state.seq_len.clone()  # (B,) first round (or rows retired): nothing stale yet
+        state._stale_len = state.seq_len.clone()  # (B,) what the next round will see as stale
+        if state.draft_cache is not None:
+            cache = state.draft_cache
+            cache.truncate(torch.minimum(cache.lengths, stale - 1))
+        return state.seq, stale
+
+
+@dataclass(frozen=True)
+class DecoderMutant:
+    """One catalogued decoder mutant.
+
+    Attributes
+    ----------
+    name : str
+    cls : type
+        A :class:`SpeculativeDecoder` subclass.
+    sampling : SamplingConfig
+        The configuration under which the bug changes the output law.
+    description : str
+    provenance : str
+        The issue the mutant mirrors, or ``"classic"``.
+    lossy : bool
+        False for a bug that leaves the output law exact (must pass the law tests).
+    """
+
+    name: str
+    cls: type
+    sampling: SamplingConfig
+    description: str
+    provenance: str
+    lossy: bool = True
+
+
+DECODER_MUTANTS: tuple[DecoderMutant, ...] = (
+    DecoderMutant("kv_not_rolled_back", NoTargetRollback, SamplingConfig(),
+                  "rejected draft tokens stay in the target KV cache", "classic"),
+    DecoderMutant("topk_not_in_reported_q", TopKNotInReportedQ, SamplingConfig(top_k=3),
+                  "drafter samples from top-k processed logits, reports q without top-k",
+                  "transformers #47932 / PR #47961"),
+    DecoderMutant("target_unprocessed", TargetUnprocessed, SamplingConfig(temperature=0.7),
+                  "target probabilities taken at temperature 1 while the user asked 0.7", "vLLM #9834"),
+    DecoderMutant("stale_context", StaleDraftContext, SamplingConfig(temperature=0.9),
+                  "drafter conditioned on the context before the last accepted block (honest q: lossless, slower)",
+                  "classic", lossy=False),
+)
+
+
+def make_decoder_mutant(name: str, target, drafter, *, k: int, sampling: SamplingConfig | None = None,
+                        **kwargs) -> SpeculativeDecoder:
+    """Build the mutant ``name`` around ``target`` and ``drafter`` (its own sampling config by default)."""
+    for mutant in DECODER_MUTANTS:
+        if mutant.name == name:
+            return mutant.cls(target, drafter, k=k, sampling=sampling or mutant.sampling, **kwargs)
+    raise InvalidArgument(f"name must be one of {[m.name for m in DECODER_MUTANTS]}, got {name!r}")

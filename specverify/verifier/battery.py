@@ -1,0 +1,375 @@
+"""``check_verifier``: the statistical conformance battery for a verifier kernel.
+
+For every scenario of :mod:`specverify.verifier.scenarios` the harness
+(:mod:`specverify.verifier.harness`) drives full speculative decoding around the verifier
+under test on exact table models; :func:`analyse_run` turns the run into tests:
+
+* ``support`` -- no token with conditional probability 0 in its context (exact);
+* ``gof`` per absolute position (exact marginal, propagated through the model's
+  contexts), per in-block position 1..K+1 (expected = sum of the tokens' exact
+  conditionals: a valid, conservative conditional test) and per context node with
+  enough expected visits (the first ``m`` visits in (position, row) order, ``m``
+  fixed from expected visits only, are i.i.d. from the node's row);
+* ``directed`` -- randomised PIT ordered by p and by log(q/p), entropy and ratio
+  scores (mean 0 under H0), on a capped prefix of rows;
+* ``acceptance`` per in-block position -- accepted drafts vs the exact per-trial
+  probabilities sum_x min(p, q);
+* ``independence`` -- collisions between the first tokens of the rows of each batch;
+* ``protocol`` -- the verifier's outputs passed validation (shapes, dtypes, range,
+  emitted prefix = drafts, determinism for a fixed generator seed).
+
+Bins depend only on expected values.  All results of a run are graded together
+(:func:`specverify.stats.grade`, weighted Holm at ``alpha``).  Same code and seed
+give the same verdict: every scenario's generator is seeded from
+``(seed, scenario name)`` (:func:`specverify.verifier.scenarios.scenario_seed`).
+
+Greedy verifiers (``greedy=True``): every call's output must equal
+:func:`reference.rules.greedy_verify` on the same inputs -- the longest draft
+prefix equal to argmax p, then argmax p; ties in argmax resolve to the lowest token id.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+import time
+
+import numpy as np
+import torch
+
+from reference.rules import greedy_verify
+from specverify import stats
+from specverify.core.errors import ImplementationError, InvalidArgument
+from specverify.verifier.harness import HarnessRun, run_harness
+from specverify.core.tables import TableModel
+from specverify.core.results import FAIL, Report, TestResult
+from specverify.verifier.scenarios import TIERS, Scenario, get_scenarios, scenario_seed
+from specverify.core.validation import check_alpha, check_int, check_run_options
+
+__all__ = ["check_verifier", "check_greedy_verifier", "check_verifier_on", "list_scenarios", "analyse_run", "run_scenario", "environment"]
+
+#: Cells (tokens x V) of per-token probability rows the directed tests may materialise per scenario.
+DIRECTED_CELLS = 1 << 22
+#: Minimum expected visits of a context node to get its own GOF test, and the most nodes tested.
+NODE_MIN_VISITS, MAX_NODES = 400, 12
+
+
+def environment() -> dict:
+    """Versions of the pieces that determine a run's numbers."""
+    import scipy
+
+    import specverify
+
+    return {
+        "specverify": getattr(specverify, "__version__", "?"),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _implementation_name(obj) -> str:
+    module = getattr(obj, "__module__", None)
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    return f"{module}:{name}" if module and name else repr(obj)
+
+
+# ------------------------------------------------------------------ analysis
+def analyse_run(run: HarnessRun, target: TableModel, drafter: TableModel, *, scenario: str, alpha: float, seed: int) -> list[TestResult]:
+    """All tests of one harness run (ungraded TestResults); see the module docstring."""
+    results: list[TestResult] = []
+    common = dict(scenario=scenario, alpha=alpha)
+    V, C, K, L = target.vocab_size, target.num_contexts, run.k, run.length
+    R = run.tokens.shape[0]
+    tokens = run.tokens.numpy()
+    tctx = run.target_contexts.numpy()
+    bpos = run.block_positions.numpy()
+    table = target.table.numpy()
+    flat_tok, flat_ctx = tokens.reshape(-1), tctx.reshape(-1)
+
+    # support: every (context, token) pair observed must have positive probability
+    pair_counts = np.bincount(flat_ctx * V + flat_tok, minlength=C * V)
+    res = stats.support_test(pair_counts, table.reshape(-1), scenario=scenario, position="all")
+    if res.pvalue == 0.0:
+        bad = [int(i) for i in np.flatnonzero((pair_counts > 0) & (table.reshape(-1) <= 0))[:10]]
+        res = res.replace(details={**res.details, "pairs": [{"context": i // V, "token": i % V} for i in bad]})
+    results.append(res)
+
+    # GOF per absolute position against the exact marginal
+    marg_ctx = target.context_marginals(L).numpy()  # (L, C)
+    marg_tok = marg_ctx @ table  # (L, V)
+    for t in range(L):
+        counts = np.bincount(tokens[:, t], minlength=V)
+        results.append(stats.gof_test(counts, marg_tok[t], position=f"abs={t}", **common))
+
+    # GOF per in-block position: expected = sum of the exact conditionals of the stratum
+    for j in range(1, K + 2):
+        sel = flat_ctx[bpos.reshape(-1) == j]
+        if sel.size == 0:
+            continue
+        counts = np.bincount(flat_tok[bpos.reshape(-1) == j], minlength=V)
+        expected = np.bincount(sel, minlength=C) @ table  # (V,) expected counts
+        results.append(stats.gof_test(counts, expected, position=f"block={j}", **common))
+
+    # GOF per context node (context-dependent targets only)
+    if not target.token_independent:
+        visits = R * marg_ctx.sum(0)  # (C,) expected visits
+        nodes = [int(c) for c in np.argsort(-visits, kind="stable")[:MAX_NODES] if visits[c] >= max(NODE_MIN_VISITS, 20 * V)]
+        order_tok, order_ctx = tokens.T.reshape(-1), tctx.T.reshape(-1)  # (position, row) order
+        for c in nodes:
+            m = int(0.9 * visits[c])
+            toks = order_tok[order_ctx == c][:m]
+            res = stats.gof_test(np.bincount(toks, minlength=V), table[c], position=f"node={_node_label(target, c)}", **common)
+            results.append(res.replace(details={**res.details, "context": c, "expected_visits": float(visits[c])}))
+
+    results += _directed(run, target, drafter, common=common, seed=seed)
+
+    # acceptance per in-block position
+    tp = run.trial_positions.numpy()
+    tprob = run.trial_accept_probs.numpy()
+    tacc = run.trial_accepted.numpy()
+    for j in range(1, K + 1):
+        sel = tp == j
+        if sel.any():
+            results.append(stats.acceptance_test(int(tacc[sel].sum()), tprob[sel], position=f"block={j}", **common))
+
+    # independence: first tokens of the rows of each batch share the law of position 0
+    if run.batch_size >= 2:
+        first = tokens[:, 0].reshape(run.num_groups, run.batch_size)
+        results.append(stats.collision_test(first, marg_tok[0], position="abs=0 within batch", **common))
+    return results
+
+
+def _node_label(target: TableModel, c: int) -> str:
+    if hasattr(target, "context_tokens"):
+        toks = target.context_tokens(torch.tensor(c)).tolist()
+        return "(" + ",".join("BOS" if x == target.vocab_size else str(x) for x in toks) + ")"
+    return str(c)
+
+
+def _directed(run: HarnessRun, target, drafter, *, common, seed) -> list[TestResult]:
+    V = target.vocab_size
+    rows = max(1, min(run.tokens.shape[0], DIRECTED_CELLS // (V * run.length)))
+    tok = run.tokens[:rows].reshape(-1)  # (N,)
+    tctx = run.target_contexts[:rows].reshape(-1)
+    dctx = run.draft_contexts[:rows].reshape(-1)
+    if tok.numel() < 50:
+        return []
+    gen = torch.Generator().manual_seed(scenario_seed(seed, "directed/" + common["scenario"]))
+    p = target.table[tctx]  # (N, V)
+    out = []
+    pos = f"rows<{rows}"
+    pit = stats.randomised_pit(p, tok, generator=gen, order="p")
+    out.append(stats.pit_test(pit, name="pit_p", position=pos, **common))
+    scores, var = stats.entropy_scores(p, tok)
+    if var.sum() > 1e-12:
+        out.append(stats.score_test(scores, var, name="entropy_score", position=pos, **common))
+    drafted = dctx >= 0  # positions 1..K (the bonus has no draft law)
+    if int(drafted.sum()) >= 50 and not torch.equal(target.table, drafter.table):
+        pd, qd, xd = p[drafted], drafter.table[dctx[drafted]], tok[drafted]
+        scores, var = stats.ratio_scores(pd, qd, xd)
+        if var.sum() > 1e-12:
+            out.append(stats.score_test(scores, var, name="ratio_score", position=pos, **common))
+            pit = stats.randomised_pit(pd, xd, generator=gen, order="ratio", draft_probs=qd)
+            out.append(stats.pit_test(pit, name="pit_ratio", position=pos, **common))
+    return out
+
+
+# ------------------------------------------------------------------ running
+def _protocol_result(scenario: str, ok: bool, n: int, message: str = "") -> TestResult:
+    return TestResult(
+        statistic=0.0 if ok else 1.0, pvalue=1.0 if ok else 0.0, name="protocol", family="protocol",
+        method="verifier output validation: shapes, dtypes, num_emitted in [1, K+1], ids in [0, V), "
+        "emitted prefix = drafts, same output for the same generator seed (exact)",
+        n=n, scenario=scenario, position="all", details={"error": message} if message else {},
+    )
+
+
+def run_scenario(verify, scenario: Scenario, *, tier: str, seed: int, alpha: float):
+    """Run one scenario: ``(results, errors, seconds)``."""
+    start = time.perf_counter()
+    target, drafter = scenario.build()
+    gen = torch.Generator().manual_seed(scenario_seed(seed, scenario.name))
+    try:
+        run = run_harness(verify, target, drafter, k=scenario.k, batch_size=scenario.batch_size,
+                          length=scenario.length, generator=gen, num_groups=scenario.num_groups(tier))
+    except ImplementationError as exc:
+        row = f" (row {exc.row})" if exc.row is not None else ""
+        message = f"{scenario.name}: {exc}{'' if str(exc).startswith('row') else row}"
+        return [_protocol_result(scenario.name, False, 0, message)], [message], time.perf_counter() - start
+    results = [_protocol_result(scenario.name, True, run.num_calls)]
+    results += analyse_run(run, target, drafter, scenario=scenario.name, alpha=alpha, seed=seed)
+    return results, [], time.perf_counter() - start
+
+
+def _run_greedy_scenario(verify, scenario: Scenario, *, tier: str, seed: int):
+    start = time.perf_counter()
+    target, drafter = scenario.build()
+    gen = torch.Generator().manual_seed(scenario_seed(seed, scenario.name))
+    tally = {"calls": 0, "rows": 0, "tokens": 0, "mismatched_rows": 0, "first": None}
+
+    def checked(target_probs, draft_probs, draft_tokens, *, generator):
+        output = verify(target_probs, draft_probs, draft_tokens, generator=generator)
+        from specverify.verifier.harness import validate_verifier_output
+
+        tokens, num = validate_verifier_output(output, draft_tokens, target_probs.shape[-1])
+        want_tokens, want_num = greedy_verify(target_probs, draft_tokens, check=False)
+        mask = torch.arange(tokens.shape[1])[None] < want_num[:, None]
+        bad = (num != want_num) | ((tokens != want_tokens) & mask).any(-1)
+        tally["calls"] += 1
+        tally["rows"] += int(num.numel())
+        tally["tokens"] += int(want_num.sum())
+        if bool(bad.any()):
+            b = int(bad.nonzero()[0])
+            tally["mismatched_rows"] += int(bad.sum())
+            if tally["first"] is None:
+                tally["first"] = (f"call {tally['calls']}, row {b}: emitted {tokens[b, : int(num[b])].tolist()}, greedy "
+                                  f"continuation {want_tokens[b, : int(want_num[b])].tolist()}")
+        return output
+
+    try:
+        run_harness(checked, target, drafter, k=scenario.k, batch_size=scenario.batch_size, length=scenario.length,
+                    generator=gen, num_groups=scenario.num_groups(tier))
+    except ImplementationError as exc:
+        message = f"{scenario.name}: {exc}"
+        return [_protocol_result(scenario.name, False, 0, message)], [message], time.perf_counter() - start
+    ok = tally["mismatched_rows"] == 0
+    res = TestResult(
+        statistic=float(tally["mismatched_rows"]), pvalue=1.0 if ok else 0.0, name="greedy_match", family="greedy",
+        method="exact equality with the greedy continuation (reference.rules.greedy_verify; argmax ties -> lowest id)",
+        n=tally["tokens"], scenario=scenario.name, position="all",
+        details={k: v for k, v in tally.items() if v is not None},
+    )
+    return [_protocol_result(scenario.name, True, tally["calls"]), res], [], time.perf_counter() - start
+
+
+def list_scenarios(tier: str = "smoke", *, greedy: bool = False) -> list[str]:
+    """Names of the scenarios ``check_verifier`` runs at ``tier`` (without running anything).
+
+    Every tier runs the same scenarios (tiers scale the number of batches), so
+    ``tier`` is only validated; it is an argument so callers such as the pytest
+    plugin need not know that.
+    """
+    if tier not in TIERS:
+        raise InvalidArgument(f"tier must be one of {TIERS}, got {tier!r}")
+    return [s.name for s in get_scenarios(greedy=greedy)]
+
+
+def check_verifier(
+    verify,
+    *,
+    tier: str = "smoke",
+    seed: int = 0,
+    alpha: float = 1e-3,
+    greedy: bool = False,
+    scenarios=None,
+    progress=None,
+    implementation: str | None = None,
+) -> Report:
+    """Statistically audit a speculative-sampling verifier; return a :class:`~specverify.core.results.Report`.
+
+    Parameters
+    ----------
+    verify : callable
+        ``verify(target_probs (B,K+1,V), draft_probs (B,K,V), draft_tokens (B,K), *, generator)
+        -> (tokens (B,K+1) long, num_emitted (B,) long)``; it receives float32 probabilities.
+    tier : {"smoke", "standard", "deep"}
+        Budget: smoke <= 60 s on 2 CPU cores and catches every catalogued verifier bug;
+        standard 16x the smoke samples (nightly); deep 512x (sized for an accelerator).
+    seed : int
+        Root seed; each scenario's generator is derived from (seed, scenario name).
+        Same code and seed give the same verdict.
+    alpha : float
+        Family-wise error rate of the whole run (weighted Holm across all tests).
+    greedy : bool
+        Audit a greedy verifier instead: outputs must equal the greedy continuation exactly.
+    scenarios : sequence of str, optional
+        Run only these scenarios (by name).
+    progress : callable, optional
+        ``progress(done_scenarios, total, name)``, called before each scenario (done < total)
+        and once at the end (done == total, name "").
+    implementation : str, optional
+        Name recorded in the report (default: ``module:qualname`` of ``verify``).
+
+    Returns
+    -------
+    Report
+        ``kind="verifier"``; ``verdict`` "fail" when any test fails after the error budget
+        or the verifier violated its protocol (messages in ``errors``).
+    """
+    if not callable(verify):
+        raise InvalidArgument(f"verify must be callable, got {verify!r}")
+    seed, alpha = check_run_options(tier, TIERS, seed, alpha, progress)
+    chosen = get_scenarios(scenarios, greedy=greedy)
+    start, cpu_start = time.perf_counter(), time.process_time()
+    results, errors, timings, cpu = [], [], {}, {}
+    for i, scenario in enumerate(chosen):
+        if progress is not None:
+            progress(i, len(chosen), scenario.name)
+        cpu_scenario = time.process_time()
+        if greedy:
+            res, errs, secs = _run_greedy_scenario(verify, scenario, tier=tier, seed=seed)
+        else:
+            res, errs, secs = run_scenario(verify, scenario, tier=tier, seed=seed, alpha=alpha)
+        results += res
+        errors += errs
+        timings[scenario.name] = secs
+        cpu[scenario.name] = time.process_time() - cpu_scenario
+    if progress is not None:
+        progress(len(chosen), len(chosen), "")
+    graded = stats.grade(results, alpha=alpha)
+    verdict = FAIL if errors else stats.verdict(graded)
+    timings["total"] = time.perf_counter() - start
+    cpu["total"] = time.process_time() - cpu_start
+    return Report(
+        kind="verifier",
+        implementation=implementation or _implementation_name(verify),
+        tier=tier,
+        seed=seed,
+        alpha=alpha,
+        verdict=verdict,
+        results=tuple(graded),
+        errors=tuple(errors),
+        scenarios=tuple(s.config(tier) for s in chosen),
+        timings=timings,
+        environment=environment(),
+        extra={"mode": "greedy" if greedy else "sampling", "cpu_seconds": cpu},
+    )
+
+
+def check_greedy_verifier(verify, *, tier: str = "smoke", seed: int = 0, alpha: float = 1e-3, progress=None,
+                          implementation: str | None = None) -> Report:
+    """``check_verifier(verify, greedy=True, ...)``: exact equality with the greedy continuation."""
+    return check_verifier(verify, tier=tier, seed=seed, alpha=alpha, greedy=True, progress=progress,
+                          implementation=implementation)
+
+
+def check_verifier_on(verify, target: TableModel, drafter: TableModel, *, k: int = 4, batch_size: int = 1024,
+                      length: int = 8, num_groups: int = 1, seed: int = 0, alpha: float = 1e-3,
+                      name: str = "custom") -> Report:
+    """One-scenario audit of ``verify`` on user-supplied table models (same tests as :func:`check_verifier`)."""
+    if not callable(verify):
+        raise InvalidArgument(f"verify must be callable, got {verify!r}")
+    seed = check_int("seed", seed, minimum=0)
+    alpha = check_alpha("alpha", alpha)
+    start = time.perf_counter()
+    gen = torch.Generator().manual_seed(scenario_seed(seed, name))
+    errors: list[str] = []
+    try:
+        run = run_harness(verify, target, drafter, k=k, batch_size=batch_size, length=length, generator=gen,
+                          num_groups=num_groups)
+        results = [_protocol_result(name, True, run.num_calls)]
+        results += analyse_run(run, target, drafter, scenario=name, alpha=alpha, seed=seed)
+    except ImplementationError as exc:
+        errors.append(f"{name}: {exc}")
+        results = [_protocol_result(name, False, 0, errors[-1])]
+    graded = stats.grade(results, alpha=alpha)
+    config = {"name": name, "target": target.config(), "drafter": drafter.config(), "k": k, "batch_size": batch_size,
+              "length": length, "num_groups": num_groups}
+    return Report(kind="verifier", implementation=_implementation_name(verify), tier="custom", seed=seed, alpha=alpha,
+                  verdict=FAIL if errors else stats.verdict(graded), results=tuple(graded), errors=tuple(errors),
+                  scenarios=(config,), timings={name: time.perf_counter() - start, "total": time.perf_counter() - start},
+                  environment=environment(), extra={"mode": "sampling"})
