@@ -62,14 +62,25 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    target, drafter = make_pair(vocab_size=args.vocab, seed=0, device=args.device, dtype=dtype, d_model=args.d_model,
-                                n_layers=args.layers, draft_layers=args.draft_layers)
+    target, drafter = make_pair(
+        vocab_size=args.vocab,
+        seed=0,
+        device=args.device,
+        dtype=dtype,
+        d_model=args.d_model,
+        n_layers=args.layers,
+        draft_layers=args.draft_layers,
+    )
     sampling = SamplingConfig(temperature=args.temperature)
     cfg = target.config
-    print(f"# device={args.device} dtype={args.dtype} threads={torch.get_num_threads()} V={cfg.vocab_size} "
-          f"d={cfg.d_model} target layers={cfg.n_layers} drafter=early exit after {len(drafter.blocks)} "
-          f"layer(s), prompt={args.prompt_len}, new tokens={args.max_new}, {sampling}")
-    print(f"{'decoder':<18}{'B':>6}{'K':>4}{'tok/s':>12}{'speedup':>9}{'tok/pass':>10}{'passes/tok':>12}  acceptance by position")
+    print(
+        f"# device={args.device} dtype={args.dtype} threads={torch.get_num_threads()} V={cfg.vocab_size} "
+        f"d={cfg.d_model} target layers={cfg.n_layers} drafter=early exit after {len(drafter.blocks)} "
+        f"layer(s), prompt={args.prompt_len}, new tokens={args.max_new}, {sampling}"
+    )
+    print(
+        f"{'decoder':<18}{'B':>6}{'K':>4}{'tok/s':>12}{'speedup':>9}{'tok/pass':>10}{'passes/tok':>12}  acceptance by position"
+    )
     drafters = [("spec early-exit", drafter)] + ([("spec n-gram", NGramDrafter(args.vocab))] if args.ngram else [])
     prompt_gen = torch.Generator().manual_seed(0)
     for B in args.batch:
@@ -79,19 +90,24 @@ def main(argv=None) -> int:
             return torch.Generator(device=args.device).manual_seed(1)
 
         direct = DirectSampler(target, sampling)
-        seconds, _ = timed(lambda: direct.generate_batch(prompts, args.max_new, generator=gen()), args.repeats, args.device)
+        seconds, _ = timed(
+            lambda: direct.generate_batch(prompts, args.max_new, generator=gen()), args.repeats, args.device
+        )
         base = B * args.max_new / seconds
         print(f"{'direct':<18}{B:>6}{'-':>4}{base:>12.0f}{1.0:>9.2f}{1.0:>10.2f}{1.0:>12.3f}")
         for name, dr in drafters:
             for k in args.k:
                 dec = SpeculativeDecoder(target, dr, k=k, sampling=sampling)
-                seconds, result = timed(lambda: dec.generate_batch(prompts, args.max_new, generator=gen()),
-                                        args.repeats, args.device)
+                seconds, result = timed(
+                    lambda: dec.generate_batch(prompts, args.max_new, generator=gen()), args.repeats, args.device
+                )
                 s = result.stats
                 rate = B * args.max_new / seconds
                 acc = " ".join(f"{a:.2f}" for a in s.acceptance_rate)
-                print(f"{name:<18}{B:>6}{k:>4}{rate:>12.0f}{rate / base:>9.2f}{s.tokens_per_pass:>10.2f}"
-                      f"{s.target_passes_per_token:>12.3f}  {acc}")
+                print(
+                    f"{name:<18}{B:>6}{k:>4}{rate:>12.0f}{rate / base:>9.2f}{s.tokens_per_pass:>10.2f}"
+                    f"{s.target_passes_per_token:>12.3f}  {acc}"
+                )
     return 0
 
 

@@ -20,8 +20,8 @@ import time
 import torch
 
 from reference.rules import verify
-from specverify.verifier import zoo
 from specverify.core import tables
+from specverify.verifier import zoo
 from specverify.verifier.harness import run_harness
 
 
@@ -31,7 +31,7 @@ def fast_verify(target_probs, draft_probs, draft_tokens, *, generator):
 
 
 def load() -> str:
-    return "load %.2f %.2f %.2f" % os.getloadavg()
+    return "load {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
 
 def bench(name, target, drafter, *, batch, length, k, repeats, verifier):
@@ -60,11 +60,18 @@ def main(argv=None):
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: serial, the robust setting on a shared machine)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (1: serial, the robust setting on a shared machine)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, B={args.batch} "
-          f"L={args.length} K={args.k} V={args.vocab}, best of {args.repeats}  [{load()}]")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, B={args.batch} "
+        f"L={args.length} K={args.k} V={args.vocab}, best of {args.repeats}  [{load()}]"
+    )
     V = args.vocab
     pos = tables.positional(V, args.length, "peaked", seed=1)
     mk = tables.markov(V, "peaked", seed=2)

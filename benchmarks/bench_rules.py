@@ -42,8 +42,11 @@ def random_probs(generator: torch.Generator, *shape: int, dtype=torch.float32) -
 
 def report(label: str, count: int, unit: str, times: tuple[float, float]) -> None:
     wall, cpu = times
-    print(f"{label:<44} {count / wall / 1e6:7.2f} M {unit}/s wall ({wall * 1e3:6.0f} ms), "
-          f"{count / cpu / 1e6:7.2f} M {unit}/CPU-s ({cpu * 1e3:6.0f} ms)  [load {os.getloadavg()[0]:.2f}]", flush=True)
+    print(
+        f"{label:<44} {count / wall / 1e6:7.2f} M {unit}/s wall ({wall * 1e3:6.0f} ms), "
+        f"{count / cpu / 1e6:7.2f} M {unit}/CPU-s ({cpu * 1e3:6.0f} ms)  [load {os.getloadavg()[0]:.2f}]",
+        flush=True,
+    )
 
 
 def main(argv=None) -> int:
@@ -53,25 +56,48 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.repeats} repeats, "
-          "load %.2f %.2f %.2f" % os.getloadavg())
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.repeats} repeats, "
+        "load %.2f %.2f %.2f" % os.getloadavg()
+    )
 
     V, N = 32, 2_000_000
     probs = random_probs(generator, N, V)  # (N, V)
-    report(f"sample            V={V} N={N:,}", N, "draws", median_seconds(lambda: sample(probs, generator=generator, check=False), args.repeats))
-    report(f"sample (checked)  V={V} N={N:,}", N, "draws", median_seconds(lambda: sample(probs, generator=generator), args.repeats))
-    report(f"torch.multinomial V={V} N={N:,}", N, "draws", median_seconds(lambda: torch.multinomial(probs, 1, generator=generator), args.repeats))
+    report(
+        f"sample            V={V} N={N:,}",
+        N,
+        "draws",
+        median_seconds(lambda: sample(probs, generator=generator, check=False), args.repeats),
+    )
+    report(
+        f"sample (checked)  V={V} N={N:,}",
+        N,
+        "draws",
+        median_seconds(lambda: sample(probs, generator=generator), args.repeats),
+    )
+    report(
+        f"torch.multinomial V={V} N={N:,}",
+        N,
+        "draws",
+        median_seconds(lambda: torch.multinomial(probs, 1, generator=generator), args.repeats),
+    )
 
     B, K = 200_000, 4
     target_probs = random_probs(generator, B, K + 1, V)  # (B, K+1, V)
     draft_probs = random_probs(generator, B, K, V)  # (B, K, V)
     draft_tokens = sample(draft_probs, generator=generator)  # (B, K)
     for check in (False, True):
-        times = median_seconds(lambda: verify(target_probs, draft_probs, draft_tokens, generator=generator, check=check), args.repeats)
+        times = median_seconds(
+            lambda: verify(target_probs, draft_probs, draft_tokens, generator=generator, check=check), args.repeats
+        )
         report(f"verify{' (checked)' if check else '          '}  B={B:,} K={K} V={V} float32", B, "blocks", times)
     rows = B * (K + 1)
-    report(f"check_probs target_probs ({B:,}, {K + 1}, {V}) float32", rows, "rows",
-           median_seconds(lambda: check_probs("target_probs", target_probs), args.repeats))
+    report(
+        f"check_probs target_probs ({B:,}, {K + 1}, {V}) float32",
+        rows,
+        "rows",
+        median_seconds(lambda: check_probs("target_probs", target_probs), args.repeats),
+    )
     return 0
 
 

@@ -17,24 +17,26 @@ import sys
 import time
 
 import numpy as np
-from scipy import optimize, stats as sps
+from scipy import stats as sps
 
 sys.path.insert(0, "tests/stats")
-from svstats_helpers import flat, mixture, move_mass, temperature, topk, zipf  # noqa: E402
+from svstats_helpers import flat, mixture, move_mass, temperature, topk, zipf
 
-from specverify import stats  # noqa: E402
+from specverify import stats
 
 ALPHA, POWER = 1e-3, 0.9
 ZA1, ZA2, ZB = sps.norm.isf(ALPHA), sps.norm.isf(ALPHA / 2), sps.norm.isf(1 - POWER)
 
 
 def binned(bins, w):
-    return np.bincount(bins.token_to_bin[bins.token_to_bin >= 0], weights=w[bins.token_to_bin >= 0],
-                       minlength=bins.num_bins)
+    return np.bincount(
+        bins.token_to_bin[bins.token_to_bin >= 0], weights=w[bins.token_to_bin >= 0], minlength=bins.num_bins
+    )
 
 
 def gof_needed(p, q, two_sample=False):
     """Smallest N (n for two-sample, m = 4n) with ncx2 power >= POWER on its own bins."""
+
     def power(n):
         bins = stats.make_bins(p, n)
         pb, qb = bins.bin_probs, binned(bins, q)
@@ -44,6 +46,7 @@ def gof_needed(p, q, two_sample=False):
         if df < 1:
             return 0.0
         return sps.ncx2.sf(sps.chi2.isf(ALPHA, df), df, n_eff * chi2div)
+
     lo, hi = 10, 10
     while power(hi) < POWER:
         lo, hi = hi, hi * 2
@@ -95,10 +98,14 @@ def main():
         "top-k (k=V/4)": lambda p: topk(p, 1.0),
         "move 0.01 top->4th": lambda p: move_mass(p, 0.01),
     }
-    print(f"samples needed at alpha={ALPHA:g}, power={POWER} (gof/two-sample: ncx2 on own bins; "
-          "two-sample n with m=4n; LR = likelihood-ratio limit)")
-    head = f"{'law':14s} {'deviation':22s} {'TV':>7s} {'gof':>9s} {'mde(TV)':>9s} {'2-sample n':>10s} " \
-           f"{'pit_p KS':>9s} {'entropy z':>9s} {'LR limit':>9s} {'gof/LR':>7s}"
+    print(
+        f"samples needed at alpha={ALPHA:g}, power={POWER} (gof/two-sample: ncx2 on own bins; "
+        "two-sample n with m=4n; LR = likelihood-ratio limit)"
+    )
+    head = (
+        f"{'law':14s} {'deviation':22s} {'TV':>7s} {'gof':>9s} {'mde(TV)':>9s} {'2-sample n':>10s} "
+        f"{'pit_p KS':>9s} {'entropy z':>9s} {'LR limit':>9s} {'gof/LR':>7s}"
+    )
     print(head)
     for lname, p in laws.items():
         order = stats.p_order(p)
@@ -115,14 +122,17 @@ def main():
                 continue
             g = gof_needed(p, q)
             bins = stats.make_bins(p, g)
-            mde_n = stats.samples_needed(0.5 * float(np.abs(binned(bins, q) - bins.bin_probs).sum()),
-                                         max(bins.num_bins - 1, 1), ALPHA)
+            mde_n = stats.samples_needed(
+                0.5 * float(np.abs(binned(bins, q) - bins.bin_probs).sum()), max(bins.num_bins - 1, 1), ALPHA
+            )
             ts = gof_needed(p, q, two_sample=True)
             ks = ks_needed(p, q, order)
             sc = score_needed(p, q, ent_score)
             lr = lr_limit(p, q)
-            print(f"{lname:14s} {dname:22s} {tv:7.4f} {g:9d} {mde_n:9d} {ts:10d} {ks:9d} "
-                  f"{sc if sc != math.inf else -1:9d} {lr:9d} {g / lr:7.2f}")
+            print(
+                f"{lname:14s} {dname:22s} {tv:7.4f} {g:9d} {mde_n:9d} {ts:10d} {ks:9d} "
+                f"{sc if sc != math.inf else -1:9d} {lr:9d} {g / lr:7.2f}"
+            )
     # acceptance: shift of the acceptance rate by 0.01 around 0.6
     m = 0
     while True:
@@ -139,8 +149,10 @@ def main():
     for _ in range(20):
         r = stats.sequential_gof((rng.multinomial(500, q) for _ in range(10000)), p, alpha=ALPHA)
         stops.append(r.details["stopped_at"])
-    print(f"e-process (zipf V=1000, mixture 0.9p+0.1ramp): median stop {int(np.median(stops))} samples "
-          f"(gof fixed-N needs {gof_needed(p, q)}; LR limit {lr_limit(p, q)})")
+    print(
+        f"e-process (zipf V=1000, mixture 0.9p+0.1ramp): median stop {int(np.median(stops))} samples "
+        f"(gof fixed-N needs {gof_needed(p, q)}; LR limit {lr_limit(p, q)})"
+    )
     print(f"[bench_stats done in {time.time() - t0:.1f}s]")
 
 

@@ -97,8 +97,9 @@ class DecodeResult:
 class _State:
     """Mutable per-call state of the active rows (compacted as rows finish)."""
 
-    def __init__(self, prompts: torch.Tensor, max_new_tokens: int, k: int,
-                 target_cache: KVCache, draft_cache: KVCache | None):
+    def __init__(
+        self, prompts: torch.Tensor, max_new_tokens: int, k: int, target_cache: KVCache, draft_cache: KVCache | None
+    ):
         B, T = prompts.shape
         device = prompts.device
         self.prompt_len = T
@@ -152,8 +153,16 @@ class SpeculativeDecoder:
         ``generate`` splits ``num_samples`` into batches of at most this size.
     """
 
-    def __init__(self, target: TinyTransformer, drafter, *, k: int, sampling: SamplingConfig = SamplingConfig(),
-                 greedy: bool = False, max_batch: int = 65536):
+    def __init__(
+        self,
+        target: TinyTransformer,
+        drafter,
+        *,
+        k: int,
+        sampling: SamplingConfig = SamplingConfig(),
+        greedy: bool = False,
+        max_batch: int = 65536,
+    ):
         if not isinstance(target, TinyTransformer):
             raise InvalidArgument(f"target must be a TinyTransformer, got {type(target).__name__}")
         if not isinstance(drafter, (TinyTransformer, NGramDrafter)):
@@ -178,8 +187,16 @@ class SpeculativeDecoder:
     # ---------------------------------------------------------------- public API
     def generate(self, prompt: torch.Tensor, *, num_samples: int, max_new_tokens: int, seed: int) -> torch.Tensor:
         """Decoder protocol: ``num_samples`` continuations of ``prompt`` (T,) -> (num_samples, max_new_tokens) long."""
-        return generate_in_chunks(self.generate_batch, prompt, num_samples=num_samples, max_new_tokens=max_new_tokens,
-                                  seed=seed, vocab_size=self.vocab_size, device=self.device, max_batch=self.max_batch)
+        return generate_in_chunks(
+            self.generate_batch,
+            prompt,
+            num_samples=num_samples,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+            vocab_size=self.vocab_size,
+            device=self.device,
+            max_batch=self.max_batch,
+        )
 
     def generate_batch(self, prompts: torch.Tensor, max_new_tokens: int, *, generator: torch.Generator) -> DecodeResult:
         """Decode ``max_new_tokens`` new tokens for every row of ``prompts`` (B, T)."""
@@ -187,14 +204,25 @@ class SpeculativeDecoder:
         B, T = prompts.shape
         prompts = prompts.to(self.device).long()
         capacity = T + max_new_tokens + 2 * self.k + 2
-        state = _State(prompts, max_new_tokens, self.k, self.target.new_cache(B, capacity=capacity),
-                       self.drafter.new_cache(B, capacity=capacity) if isinstance(self.drafter, TinyTransformer) else None)
+        state = _State(
+            prompts,
+            max_new_tokens,
+            self.k,
+            self.target.new_cache(B, capacity=capacity),
+            self.drafter.new_cache(B, capacity=capacity) if isinstance(self.drafter, TinyTransformer) else None,
+        )
         while state.rows.numel():
             self._round(state, generator)
             self._retire(state)
         stats = DecodeStats(
-            k=self.k, rounds=state.rounds, row_rounds=state.row_rounds, tokens_generated=state.tokens_generated,
-            tokens_kept=B * max_new_tokens, drafted=tuple(state.drafted.tolist()), accepted=tuple(state.accepted.tolist()))
+            k=self.k,
+            rounds=state.rounds,
+            row_rounds=state.row_rounds,
+            tokens_generated=state.tokens_generated,
+            tokens_kept=B * max_new_tokens,
+            drafted=tuple(state.drafted.tolist()),
+            accepted=tuple(state.accepted.tolist()),
+        )
         return DecodeResult(tokens=state.out, stats=stats)
 
     # ---------------------------------------------------------------- one round
@@ -309,5 +337,5 @@ class SpeculativeDecoder:
         T, N = state.prompt_len, state.max_new_tokens
         done = state.seq_len - T >= N  # (B,)
         if bool(done.any()):
-            state.out[state.rows[done]] = state.seq[done, T:T + N]
+            state.out[state.rows[done]] = state.seq[done, T : T + N]
             state.select(~done)

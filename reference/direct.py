@@ -31,8 +31,12 @@ def validate_generate_args(prompt, num_samples, max_new_tokens, seed, vocab_size
     check_tokens("prompt", prompt, vocab_size)
     if prompt.shape[0] < 1:
         raise InvalidArgument(f"prompt must hold at least one token, got shape {tuple(prompt.shape)}")
-    return (prompt, check_int("num_samples", num_samples, minimum=1),
-            check_int("max_new_tokens", max_new_tokens, minimum=1), check_int("seed", seed, minimum=0))
+    return (
+        prompt,
+        check_int("num_samples", num_samples, minimum=1),
+        check_int("max_new_tokens", max_new_tokens, minimum=1),
+        check_int("seed", seed, minimum=0),
+    )
 
 
 def _check_model(model, sampling) -> None:
@@ -87,7 +91,7 @@ class TargetAdapter:
         tokens = tokens.to(self.model.device).long()
         out = []
         for i in range(0, tokens.shape[0], self.max_batch):
-            logits = self.model(tokens[i:i + self.max_batch])[:, first:]  # (b, n, V)
+            logits = self.model(tokens[i : i + self.max_batch])[:, first:]  # (b, n, V)
             out.append(logits_to_probs(logits, self.sampling))
         if not out:
             return torch.zeros(0, tokens.shape[1] - first, self.vocab_size, dtype=torch.float64, device=tokens.device)
@@ -108,8 +112,17 @@ def validate_batch_args(prompts, max_new_tokens, generator, vocab_size: int, dev
     return max_new_tokens
 
 
-def generate_in_chunks(generate_batch, prompt: torch.Tensor, *, num_samples: int, max_new_tokens: int, seed: int,
-                       vocab_size: int, device, max_batch: int) -> torch.Tensor:
+def generate_in_chunks(
+    generate_batch,
+    prompt: torch.Tensor,
+    *,
+    num_samples: int,
+    max_new_tokens: int,
+    seed: int,
+    vocab_size: int,
+    device,
+    max_batch: int,
+) -> torch.Tensor:
     """The decoder protocol on top of a batched decoder: validate, seed one generator, decode in chunks.
 
     ``generate_batch(prompts (B, T), max_new_tokens, *, generator)`` returns the new tokens
@@ -117,7 +130,8 @@ def generate_in_chunks(generate_batch, prompt: torch.Tensor, *, num_samples: int
     so the output depends only on ``seed`` and ``max_batch``.
     """
     prompt, num_samples, max_new_tokens, seed = validate_generate_args(
-        prompt, num_samples, max_new_tokens, seed, vocab_size)
+        prompt, num_samples, max_new_tokens, seed, vocab_size
+    )
     generator = torch.Generator(device=device).manual_seed(seed)
     prompt = prompt.to(device).long()
     chunks = []
@@ -144,8 +158,16 @@ class DirectSampler:
 
     def generate(self, prompt: torch.Tensor, *, num_samples: int, max_new_tokens: int, seed: int) -> torch.Tensor:
         """Decoder protocol: (T,) prompt -> (num_samples, max_new_tokens) long."""
-        return generate_in_chunks(self.generate_batch, prompt, num_samples=num_samples, max_new_tokens=max_new_tokens,
-                                  seed=seed, vocab_size=self.vocab_size, device=self.device, max_batch=self.max_batch)
+        return generate_in_chunks(
+            self.generate_batch,
+            prompt,
+            num_samples=num_samples,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+            vocab_size=self.vocab_size,
+            device=self.device,
+            max_batch=self.max_batch,
+        )
 
     def generate_batch(self, prompts: torch.Tensor, max_new_tokens: int, *, generator: torch.Generator) -> torch.Tensor:
         """``max_new_tokens`` new tokens for every row of ``prompts`` (B, T): (B, max_new_tokens) long."""

@@ -77,8 +77,17 @@ class KVCache:
     overwritten by the next write.  Capacity grows on demand.
     """
 
-    def __init__(self, num_layers: int, batch: int, num_heads: int, head_dim: int, *,
-                 capacity: int = 64, device=None, dtype=torch.float32):
+    def __init__(
+        self,
+        num_layers: int,
+        batch: int,
+        num_heads: int,
+        head_dim: int,
+        *,
+        capacity: int = 64,
+        device=None,
+        dtype=torch.float32,
+    ):
         shape = (batch, max(1, capacity), num_heads, head_dim)
         self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
@@ -114,8 +123,10 @@ class KVCache:
         else:
             new = torch.full_like(self.lengths, check_int("lengths", lengths, minimum=0))
         if bool(((new < 0) | (new > self.lengths)).any()):
-            raise InvalidArgument(f"lengths must be in [0, current length] per row, got {new.tolist()} "
-                                  f"for current lengths {self.lengths.tolist()}")
+            raise InvalidArgument(
+                f"lengths must be in [0, current length] per row, got {new.tolist()} "
+                f"for current lengths {self.lengths.tolist()}"
+            )
         self.lengths = new
 
     def select(self, rows: torch.Tensor) -> None:
@@ -210,7 +221,7 @@ class TinyTransformer(nn.Module):
         self.head = head
 
     @classmethod
-    def from_seed(cls, cfg: ModelConfig, *, seed: int, device=None, dtype=torch.float32) -> "TinyTransformer":
+    def from_seed(cls, cfg: ModelConfig, *, seed: int, device=None, dtype=torch.float32) -> TinyTransformer:
         gen = torch.Generator().manual_seed(check_int("seed", seed, minimum=0))
         blocks = [Block(cfg, gen) for _ in range(cfg.n_layers)]
         model = cls(cfg, Embedding(cfg, gen), blocks, Head(cfg, gen))
@@ -228,7 +239,7 @@ class TinyTransformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.head.unembed.dtype
 
-    def early_exit(self, num_layers: int) -> "TinyTransformer":
+    def early_exit(self, num_layers: int) -> TinyTransformer:
         """The model made of the first ``num_layers`` blocks plus the shared embeddings and head."""
         check_int("num_layers", num_layers, minimum=1, maximum=len(self.blocks))
         cfg = replace(self.config, n_layers=num_layers)
@@ -236,12 +247,20 @@ class TinyTransformer(nn.Module):
 
     def new_cache(self, batch: int, *, capacity: int = 64) -> KVCache:
         cfg = self.config
-        return KVCache(len(self.blocks), batch, cfg.n_heads, cfg.d_model // cfg.n_heads,
-                       capacity=capacity, device=self.device, dtype=self.dtype)
+        return KVCache(
+            len(self.blocks),
+            batch,
+            cfg.n_heads,
+            cfg.d_model // cfg.n_heads,
+            capacity=capacity,
+            device=self.device,
+            dtype=self.dtype,
+        )
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None, *,
-                num_valid: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, cache: KVCache | None = None, *, num_valid: torch.Tensor | None = None
+    ) -> torch.Tensor:
         B, n = tokens.shape
         device = tokens.device
         offsets = torch.arange(n, device=device)  # (n,)
@@ -264,9 +283,19 @@ class TinyTransformer(nn.Module):
         return logits
 
 
-def make_pair(*, vocab_size: int = 64, seed: int = 0, device=None, dtype=torch.float32,
-              d_model: int = 64, n_layers: int = 4, n_heads: int = 4, drafter: str = "early_exit",
-              draft_layers: int = 1, **config) -> tuple[TinyTransformer, TinyTransformer]:
+def make_pair(
+    *,
+    vocab_size: int = 64,
+    seed: int = 0,
+    device=None,
+    dtype=torch.float32,
+    d_model: int = 64,
+    n_layers: int = 4,
+    n_heads: int = 4,
+    drafter: str = "early_exit",
+    draft_layers: int = 1,
+    **config,
+) -> tuple[TinyTransformer, TinyTransformer]:
     """A seeded target and a drafter over the same vocabulary.
 
     ``drafter="early_exit"``: the target's first ``draft_layers`` blocks with its

@@ -44,7 +44,9 @@ def check_verifier_inputs(target_probs, draft_probs, draft_tokens) -> tuple[int,
         raise InvalidArgument(f"target_probs must have shape (B, K+1, V), got {tuple(target_probs.shape)}")
     B, K1, V = target_probs.shape
     if K1 < 2:
-        raise InvalidArgument(f"target_probs must have K+1 >= 2 rows per batch entry (K >= 1), got shape {tuple(target_probs.shape)}")
+        raise InvalidArgument(
+            f"target_probs must have K+1 >= 2 rows per batch entry (K >= 1), got shape {tuple(target_probs.shape)}"
+        )
     K = K1 - 1
     check_shape("draft_probs", draft_probs, (B, K, V))
     check_probs("draft_probs", draft_probs)
@@ -203,7 +205,9 @@ def greedy_verify(target_probs: torch.Tensor, draft_tokens: torch.Tensor, *, che
     if check:
         check_probs("target_probs", target_probs)
         if target_probs.ndim != 3 or target_probs.shape[1] < 2:
-            raise InvalidArgument(f"target_probs must have shape (B, K+1, V) with K >= 1, got {tuple(target_probs.shape)}")
+            raise InvalidArgument(
+                f"target_probs must have shape (B, K+1, V) with K >= 1, got {tuple(target_probs.shape)}"
+            )
         B, K1, V = target_probs.shape
         check_shape("draft_tokens", draft_tokens, (B, K1 - 1))
         check_tokens("draft_tokens", draft_tokens, V)

@@ -118,7 +118,5 @@ def sample(probs: torch.Tensor, *, generator: torch.Generator, check: bool = Tru
         if bool(bad.any()):
             i = int(bad.nonzero()[0])
             where = ", ".join(str(int(j)) for j in torch.unravel_index(torch.tensor(i), lead)) if lead else ""
-            raise InvalidArgument(
-                f"probs[{where}] sums to {totals[i, 0].item():.6g} (expected a positive, finite sum)"
-            )
+            raise InvalidArgument(f"probs[{where}] sums to {totals[i, 0].item():.6g} (expected a positive, finite sum)")
     return idx.reshape(lead)

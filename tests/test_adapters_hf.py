@@ -14,19 +14,20 @@ import torch
 
 pytest.importorskip("transformers")
 
-from scipy import stats as sps  # noqa: E402
-from transformers import GenerationConfig  # noqa: E402
+from scipy import stats as sps
+from transformers import GenerationConfig
 
-import reference.rules as rules  # noqa: E402
-from specverify.adapters import hf, hf_kernel  # noqa: E402
-from specverify.adapters.hf_models import tiny_llama, tiny_llama_pair  # noqa: E402
-from specverify.core.errors import ImplementationError, InvalidArgument  # noqa: E402
+import reference.rules as rules
+from specverify.adapters import hf, hf_kernel
+from specverify.adapters.hf_models import tiny_llama, tiny_llama_pair
+from specverify.core.errors import ImplementationError, InvalidArgument
 
 ALPHA = 1e-7
 VERSION = hf.TRANSFORMERS_VERSION
 
 
 # ---------------------------------------------------------------------------- helpers
+
 
 def pooled_chisquare(counts, probs, *, e_min: float = 20.0) -> tuple[float, float, int]:
     """(statistic, p-value, df) of counts against probs; p = 0 on a support failure."""
@@ -81,15 +82,21 @@ def assert_detects(counts, probs, what: str) -> None:
 # ------------------------------------------------------------------- kernel (verifier)
 
 # A fixed K=2 scenario, V=6: position-dependent p, drafts from q (TV(p, q) about 0.4).
-TARGET = torch.tensor([
-    [0.30, 0.25, 0.20, 0.15, 0.10, 0.00],
-    [0.05, 0.05, 0.10, 0.20, 0.25, 0.35],
-    [0.40, 0.00, 0.30, 0.00, 0.20, 0.10],
-], dtype=torch.float64)  # (K+1, V)
-DRAFT = torch.tensor([
-    [0.05, 0.10, 0.15, 0.20, 0.25, 0.25],
-    [0.30, 0.30, 0.20, 0.10, 0.05, 0.05],
-], dtype=torch.float64)  # (K, V)
+TARGET = torch.tensor(
+    [
+        [0.30, 0.25, 0.20, 0.15, 0.10, 0.00],
+        [0.05, 0.05, 0.10, 0.20, 0.25, 0.35],
+        [0.40, 0.00, 0.30, 0.00, 0.20, 0.10],
+    ],
+    dtype=torch.float64,
+)  # (K+1, V)
+DRAFT = torch.tensor(
+    [
+        [0.05, 0.10, 0.15, 0.20, 0.25, 0.25],
+        [0.30, 0.30, 0.20, 0.10, 0.05, 0.05],
+    ],
+    dtype=torch.float64,
+)  # (K, V)
 
 
 def scenario(B: int, seed: int):
@@ -103,7 +110,12 @@ def scenario(B: int, seed: int):
 
 def test_kernel_signature_recognised():
     assert hf_kernel.KERNEL_PROBLEM is None, hf_kernel.KERNEL_PROBLEM
-    assert hf_kernel.KERNEL_PARAMETERS[:4] == ("candidate_input_ids", "candidate_logits", "candidate_length", "new_logits")
+    assert hf_kernel.KERNEL_PARAMETERS[:4] == (
+        "candidate_input_ids",
+        "candidate_logits",
+        "candidate_length",
+        "new_logits",
+    )
 
 
 def test_kernel_signature_change_is_reported(monkeypatch):
@@ -136,7 +148,9 @@ def test_kernel_output_law_matches_target_at_positions_1_and_2():
     assert pvalue > ALPHA, f"acceptance {accepted}/{B} vs sum min(p,q)={accept_prob:.4f}: p={pvalue:.2e}; {repro}"
     # power: the same test rejects HF's own lossy ensemble verification (w = 0.5), same drafts and seed
     lossy = hf.SpeculativeSamplingVerifier(assistant_ensemble_weight=0.5)
-    bad, bad_emitted = lossy.verify(target_probs, draft_probs, draft_tokens, generator=torch.Generator().manual_seed(seed + 1))
+    bad, bad_emitted = lossy.verify(
+        target_probs, draft_probs, draft_tokens, generator=torch.Generator().manual_seed(seed + 1)
+    )
     assert_detects(counts_of(bad[:, 0], V), TARGET[0], "ensemble w=0.5 at position 1 (support failure: p(5)=0)")
     assert_detects(counts_of(bad[bad_emitted >= 2, 1], V), TARGET[1], "ensemble w=0.5 at position 2 (full support)")
 
@@ -172,9 +186,12 @@ def test_kernel_bonus_token_comes_from_the_last_target_row():
     bonus[0, 4] = 1.0
     target_probs = torch.cat([rows, bonus]).expand(B, K + 1, V).clone()
     draft_probs = rows.expand(B, K, V).clone()
-    draft_tokens = torch.multinomial(rows, B, replacement=True, generator=torch.Generator().manual_seed(1)).T.contiguous()
-    tokens, emitted = hf.speculative_sampling_verifier(target_probs, draft_probs, draft_tokens,
-                                                       generator=torch.Generator().manual_seed(2))
+    draft_tokens = torch.multinomial(
+        rows, B, replacement=True, generator=torch.Generator().manual_seed(1)
+    ).T.contiguous()
+    tokens, emitted = hf.speculative_sampling_verifier(
+        target_probs, draft_probs, draft_tokens, generator=torch.Generator().manual_seed(2)
+    )
     assert bool((emitted == K + 1).all()) and bool((tokens[:, K] == 4).all())
 
 
@@ -184,8 +201,9 @@ def test_kernel_accepts_a_zero_probability_draft_when_its_uniform_is_zero(monkey
     draft_probs = torch.tensor([[[1.0, 0.0, 0.0]]])  # (1, 1, 3)
     draft_tokens = torch.tensor([[0]])
     monkeypatch.setattr(torch, "rand_like", lambda t, **kw: torch.zeros_like(t))
-    tokens, emitted = hf.speculative_sampling_verifier(target_probs, draft_probs, draft_tokens,
-                                                       generator=torch.Generator().manual_seed(0))
+    tokens, emitted = hf.speculative_sampling_verifier(
+        target_probs, draft_probs, draft_tokens, generator=torch.Generator().manual_seed(0)
+    )
     if int(emitted[0]) == 1:
         pytest.skip(f"transformers {VERSION} no longer accepts p(x)=0 drafts when r == 0")
     assert int(tokens[0, 0]) == 0 and int(emitted[0]) == 2
@@ -201,7 +219,9 @@ def test_kernel_failure_becomes_implementation_error(monkeypatch):
     target_probs[:, :2] = draft_probs
     monkeypatch.setattr(torch, "rand_like", lambda t, **kw: torch.full_like(t, 2.0))
     with pytest.raises(ImplementationError, match="row 0") as info:
-        hf.speculative_sampling_verifier(target_probs, draft_probs, draft_tokens, generator=torch.Generator().manual_seed(0))
+        hf.speculative_sampling_verifier(
+            target_probs, draft_probs, draft_tokens, generator=torch.Generator().manual_seed(0)
+        )
     assert info.value.row == 0
 
 
@@ -266,8 +286,14 @@ def test_processors_equal_the_ones_generate_builds(options):
 def test_target_conditionals_equal_generate_scores(options):
     target = hf.tiny_target(seed=0, **options)
     prompt = torch.tensor([[5, 1, 7]])
-    config = GenerationConfig(do_sample=True, max_new_tokens=6, output_scores=True, return_dict_in_generate=True,
-                              pad_token_id=0, **{"top_k": 0, **options})
+    config = GenerationConfig(
+        do_sample=True,
+        max_new_tokens=6,
+        output_scores=True,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+        **{"top_k": 0, **options},
+    )
     with torch.random.fork_rng(devices=[]), hf_kernel.torch_threads(1):
         torch.default_generator.manual_seed(0)
         out = target.model.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config)
@@ -286,12 +312,12 @@ def test_assisted_generate_verifies_against_the_processed_target():
     dec = hf.tiny_assisted_decoder(k=3, temperature=0.8, top_k=12, top_p=0.9, seed=1)
     target = dec.target()
     prompt = torch.tensor([[2, 9, 4, 4]])
-    config = GenerationConfig(max_new_tokens=9, output_scores=True, return_dict_in_generate=True,
-                              **dec._config_kwargs)
+    config = GenerationConfig(max_new_tokens=9, output_scores=True, return_dict_in_generate=True, **dec._config_kwargs)
     with torch.random.fork_rng(devices=[]), hf_kernel.torch_threads(1):
         torch.default_generator.manual_seed(3)
-        out = dec.model.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=dec.assistant,
-                                 generation_config=config)
+        out = dec.model.generate(
+            prompt, attention_mask=torch.ones_like(prompt), assistant_model=dec.assistant, generation_config=config
+        )
     scores = torch.stack(out.scores, dim=1).double().softmax(-1)  # (1, L, V)
     torch.testing.assert_close(target.conditionals(out.sequences, start=4), scores, atol=2e-6, rtol=0)
 
@@ -311,6 +337,7 @@ def test_target_rejects_bad_input():
 
 
 # ------------------------------------------------------------------------------ decoder
+
 
 @pytest.fixture(scope="module")
 def decoder():
@@ -350,8 +377,10 @@ def _first_token_check(decoder, prompt, n, max_new_tokens, seed):
     out = decoder.generate(prompt, num_samples=n, max_new_tokens=max_new_tokens, seed=seed)
     counts = counts_of(out[:, 0], decoder.vocab_size)
     law = decoder.target().next_token_probs(prompt[None])[0].numpy()
-    repro = (f"tiny_assisted_decoder(**{decoder.options}, k={decoder.k}).generate({prompt.tolist()}, "
-             f"num_samples={n}, max_new_tokens={max_new_tokens}, seed={seed})")
+    repro = (
+        f"tiny_assisted_decoder(**{decoder.options}, k={decoder.k}).generate({prompt.tolist()}, "
+        f"num_samples={n}, max_new_tokens={max_new_tokens}, seed={seed})"
+    )
     assert_law(counts, law, "assisted generate, first token", repro)
     # power: the same samples against the assistant's processed law (what always-accept would emit)
     q = hf.HFTarget(decoder.assistant, **{k: v for k, v in decoder.options.items()}).next_token_probs(prompt[None])[0]
@@ -390,4 +419,5 @@ def test_decoder_every_position_pit(ensemble):
         assert pvalue > ALPHA, f"PIT KS p={pvalue:.2e} N={pit.size} (transformers {VERSION})"
     else:
         assert support_failures > 0 or pvalue < ALPHA, (
-            f"no power: ensemble w={ensemble} not rejected (KS p={pvalue:.2e}, no support failure)")
+            f"no power: ensemble w={ensemble} not rejected (KS p={pvalue:.2e}, no support failure)"
+        )

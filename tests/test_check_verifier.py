@@ -30,10 +30,11 @@ import time
 import pytest
 import torch
 
-from reference.rules import greedy_verify, verify as reference_verify
+from reference.rules import greedy_verify
+from reference.rules import verify as reference_verify
 from reference.sampling import sample, uniform
-from specverify.verifier.battery import check_greedy_verifier, check_verifier
 from specverify.core.results import Report
+from specverify.verifier.battery import check_greedy_verifier, check_verifier
 from specverify.verifier.scenarios import SCENARIOS, scenario_seed
 
 
@@ -82,7 +83,9 @@ def make_variant(mode: str):
             bonus_row = (last_p - last_q).clamp_min(0.0)
             bonus_row = torch.where(bonus_row.sum(-1, keepdim=True) <= 0, last_p, bonus_row)
         weights = torch.where(all_acc[:, None], bonus_row, residual)  # (B, V)
-        last = _exp_race(weights, generator) if mode == "exp_race" else sample(weights, generator=generator, check=False)
+        last = (
+            _exp_race(weights, generator) if mode == "exp_race" else sample(weights, generator=generator, check=False)
+        )
         if mode == "sample_match":
             at = num_acc.clamp(max=K - 1)
             match_last = y[rows, at]
@@ -184,8 +187,11 @@ def test_same_seed_same_verdict():
 
 def test_progress_callback():
     calls = []
-    check_verifier(reference_verify, scenarios=["pos2_least_likely_k2", "markov4_oracle_k8"],
-                   progress=lambda done, total, name: calls.append((done, total, name)))
+    check_verifier(
+        reference_verify,
+        scenarios=["pos2_least_likely_k2", "markov4_oracle_k8"],
+        progress=lambda done, total, name: calls.append((done, total, name)),
+    )
     assert calls == [(0, 2, "pos2_least_likely_k2"), (1, 2, "markov4_oracle_k8"), (2, 2, "")]
 
 
@@ -221,7 +227,9 @@ def _raises(target_probs, draft_probs, draft_tokens, *, generator):
 
 
 def _nondeterministic(target_probs, draft_probs, draft_tokens, *, generator):
-    return reference_verify(target_probs, draft_probs, draft_tokens, generator=torch.Generator().manual_seed(int(time.time_ns() % 2**31)))
+    return reference_verify(
+        target_probs, draft_probs, draft_tokens, generator=torch.Generator().manual_seed(int(time.time_ns() % 2**31))
+    )
 
 
 def _float_tokens(target_probs, draft_probs, draft_tokens, *, generator):

@@ -30,7 +30,11 @@ def test_load_object_names_missing_module_and_attribute():
 
 def test_parse_options_literals_and_strings():
     assert parse_options(["k=3", "temperature=0.7", "top_k=None", "name=abc"]) == {
-        "k": 3, "temperature": 0.7, "top_k": None, "name": "abc"}
+        "k": 3,
+        "temperature": 0.7,
+        "top_k": None,
+        "name": "abc",
+    }
     with pytest.raises(InvalidArgument, match="KEY=VALUE"):
         parse_options(["novalue"])
 
@@ -89,8 +93,17 @@ def _out_of_vocab_verifier(target_probs, draft_probs, draft_tokens, *, generator
 
 
 def test_audit_drafter_through_cli(tmp_path, capsys):
-    code, out = _audit(tmp_path, "--drafter", "specverify.cli.factories:zoo_drafter", "--drafter-option", "name=uniform",
-                       "--target", "specverify.cli.factories:table_target", "--draft-cost", "0.05")
+    code, out = _audit(
+        tmp_path,
+        "--drafter",
+        "specverify.cli.factories:zoo_drafter",
+        "--drafter-option",
+        "name=uniform",
+        "--target",
+        "specverify.cli.factories:table_target",
+        "--draft-cost",
+        "0.05",
+    )
     assert code == 0, capsys.readouterr().out
     from specverify.report import load_report
 

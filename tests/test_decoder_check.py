@@ -13,22 +13,22 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from _targets import WithConditionals
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reference.decoder import SpeculativeDecoder
 from reference.direct import DirectSampler, TargetAdapter
 from reference.models import make_pair
 from reference.processors import GREEDY, SamplingConfig
 from reference.sampling import sample
+from specverify.core.errors import InvalidArgument
+from specverify.core.results import Report
+from specverify.core.tables import markov
 from specverify.decoder import TIER_PLANS, check_decoder
 from specverify.decoder.exact import prefix_ids
 from specverify.decoder.protocol import derive_seed, make_prompts
 from specverify.mutants.decoder import DECODER_MUTANTS, make_decoder_mutant
-from specverify.core.errors import InvalidArgument
-from specverify.core.tables import markov
-from specverify.core.results import Report
-
-from _targets import WithConditionals
 
 ALPHA = 1e-6
 V_TABLE = 16
@@ -60,7 +60,7 @@ class TableSampler:
             if self.temperature != 1.0:
                 probs = probs ** (1.0 / self.temperature)
             seq = torch.cat([seq, sample(probs, generator=generator)[:, None]], dim=1)
-        return seq[:, prompt.numel():]
+        return seq[:, prompt.numel() :]
 
 
 @pytest.fixture(scope="module")
@@ -89,12 +89,15 @@ def test_batched_conditionals_match_the_per_position_loop(table):
     loop = check_decoder(TableSampler(table), table, **kwargs)
     batched = check_decoder(TableSampler(table), WithConditionals(table), **kwargs)
     assert [(r.name, r.position, r.pvalue) for r in loop.results] == [
-        (r.name, r.position, r.pvalue) for r in batched.results]
+        (r.name, r.position, r.pvalue) for r in batched.results
+    ]
 
 
 @pytest.mark.parametrize("bug", ["temperature_0.7", "stale_token_from_position_2"])
 def test_buggy_table_decoders_fail(table, bug):
-    decoder = TableSampler(table, temperature=0.7) if bug.startswith("temperature") else TableSampler(table, stale_from=1)
+    decoder = (
+        TableSampler(table, temperature=0.7) if bug.startswith("temperature") else TableSampler(table, stale_from=1)
+    )
     report = check_decoder(decoder, table, tier="smoke", seed=3, alpha=ALPHA)
     assert report.verdict == "fail" and not report.errors, f"{bug} not detected:\n{_describe(report)}"
 
@@ -125,13 +128,16 @@ class Broken(TableSampler):
         return out
 
 
-@pytest.mark.parametrize("how,message", [
-    ("raises", "raised RuntimeError"),
-    ("shape", "shape"),
-    ("float", "dtype"),
-    ("out_of_vocab", "outside the vocabulary"),
-    ("nondeterministic", "not deterministic"),
-])
+@pytest.mark.parametrize(
+    "how,message",
+    [
+        ("raises", "raised RuntimeError"),
+        ("shape", "shape"),
+        ("float", "dtype"),
+        ("out_of_vocab", "outside the vocabulary"),
+        ("nondeterministic", "not deterministic"),
+    ],
+)
 def test_protocol_violations_become_implementation_errors(table, how, message):
     report = check_decoder(Broken(table, how), table, seed=1, alpha=ALPHA, num_samples=64, max_new_tokens=4)
     assert report.verdict == "fail" and not report.passed
@@ -158,8 +164,15 @@ class BadTarget:
 
 @pytest.mark.parametrize("how", ["raises", "unnormalised"])
 def test_target_errors_are_reported(table, how):
-    report = check_decoder(TableSampler(table), BadTarget(table, how), seed=1, alpha=ALPHA,
-                           num_samples=64, max_new_tokens=3, prompts=[[1, 2, 3]])
+    report = check_decoder(
+        TableSampler(table),
+        BadTarget(table, how),
+        seed=1,
+        alpha=ALPHA,
+        num_samples=64,
+        max_new_tokens=3,
+        prompts=[[1, 2, 3]],
+    )
     assert report.verdict == "fail" and report.errors and "target" in report.errors[0], report.errors
 
 
@@ -183,8 +196,16 @@ def test_invalid_arguments(table):
 
 def test_progress_and_prompt_override(table):
     calls = []
-    report = check_decoder(TableSampler(table), table, seed=2, alpha=ALPHA, num_samples=300, max_new_tokens=3,
-                           prompts=[[1, 2], [3]], progress=lambda done, total, name: calls.append((done, total, name)))
+    report = check_decoder(
+        TableSampler(table),
+        table,
+        seed=2,
+        alpha=ALPHA,
+        num_samples=300,
+        max_new_tokens=3,
+        prompts=[[1, 2], [3]],
+        progress=lambda done, total, name: calls.append((done, total, name)),
+    )
     assert [s["prompt"] for s in report.scenarios] == [[1, 2], [3]]
     assert calls and calls[-1][0] == calls[-1][1] == 6 and all(d <= t for d, t, _ in calls)
 
@@ -221,8 +242,13 @@ PROCESSED = SamplingConfig(temperature=0.8, top_k=5, top_p=0.9, min_p=0.05)
 
 def test_reference_decoder_with_processors_passes_smoke(tiny_pair):
     target, drafter = tiny_pair
-    report = check_decoder(SpeculativeDecoder(target, drafter, k=3, sampling=PROCESSED),
-                           TargetAdapter(target, PROCESSED), tier="smoke", seed=0, alpha=ALPHA)
+    report = check_decoder(
+        SpeculativeDecoder(target, drafter, k=3, sampling=PROCESSED),
+        TargetAdapter(target, PROCESSED),
+        tier="smoke",
+        seed=0,
+        alpha=ALPHA,
+    )
     assert report.verdict == "pass" and not report.errors, _describe(report)
     assert all(s["k"] == 3 for s in report.scenarios)
 
@@ -231,8 +257,13 @@ def test_reference_decoder_with_processors_passes_smoke(tiny_pair):
 @pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=1.3, top_p=0.8)])
 def test_reference_decoder_passes_smoke_more_configs(tiny_pair, sampling):
     target, drafter = tiny_pair
-    report = check_decoder(SpeculativeDecoder(target, drafter, k=2, sampling=sampling),
-                           TargetAdapter(target, sampling), tier="smoke", seed=1, alpha=ALPHA)
+    report = check_decoder(
+        SpeculativeDecoder(target, drafter, k=2, sampling=sampling),
+        TargetAdapter(target, sampling),
+        tier="smoke",
+        seed=1,
+        alpha=ALPHA,
+    )
     assert report.verdict == "pass" and not report.errors, _describe(report)
 
 
@@ -242,15 +273,21 @@ def test_decoder_mutants_fail_smoke(tiny_pair, mutant):
     decoder = make_decoder_mutant(mutant.name, target, drafter, k=3)
     report = check_decoder(decoder, TargetAdapter(target, mutant.sampling), tier="smoke", seed=0, alpha=ALPHA)
     assert report.verdict == "fail" and not report.errors, (
-        f"decoder mutant {mutant.name} ({mutant.provenance}) not detected:\n{_describe(report)}")
+        f"decoder mutant {mutant.name} ({mutant.provenance}) not detected:\n{_describe(report)}"
+    )
 
 
 @pytest.mark.slow
 def test_stale_context_drafter_is_lossless(tiny_pair):
     target, drafter = tiny_pair
     (mutant,) = [m for m in DECODER_MUTANTS if m.name == "stale_context"]
-    report = check_decoder(make_decoder_mutant(mutant.name, target, drafter, k=3),
-                           TargetAdapter(target, mutant.sampling), tier="smoke", seed=0, alpha=ALPHA)
+    report = check_decoder(
+        make_decoder_mutant(mutant.name, target, drafter, k=3),
+        TargetAdapter(target, mutant.sampling),
+        tier="smoke",
+        seed=0,
+        alpha=ALPHA,
+    )
     assert report.verdict == "pass", _describe(report)
 
 
@@ -279,8 +316,9 @@ def test_greedy_decoders_are_checked_exactly(tiny_pair):
     target, drafter = tiny_pair
     small = dict(seed=0, alpha=ALPHA, num_samples=64, max_new_tokens=10)
     # temperature 0 through the stochastic verifier: auto-detected one-hot laws -> support + greedy tests
-    report = check_decoder(SpeculativeDecoder(target, drafter, k=3, sampling=GREEDY), TargetAdapter(target, GREEDY),
-                           **small)
+    report = check_decoder(
+        SpeculativeDecoder(target, drafter, k=3, sampling=GREEDY), TargetAdapter(target, GREEDY), **small
+    )
     assert report.verdict == "pass" and {r.family for r in report.results} == {"protocol", "support", "greedy"}
     # greedy verification of a T=1 target: greedy=True compares with the argmax continuation
     dec = SpeculativeDecoder(target, drafter, k=3, greedy=True)
@@ -322,7 +360,15 @@ def test_cli_audit_decoder_writes_a_report(tmp_path):
     report = load_report(tmp_path / "ok")
     assert report.kind == "decoder" and report.verdict == "pass" and report.command.startswith("specverify audit")
     assert (tmp_path / "ok" / "report.md").read_text().strip()
-    broken = ["audit", "--decoder", f"{__name__}:table_decoder", "--decoder-option", "how=out_of_vocab", *common,
-              "--out", str(tmp_path / "bad")]
+    broken = [
+        "audit",
+        "--decoder",
+        f"{__name__}:table_decoder",
+        "--decoder-option",
+        "how=out_of_vocab",
+        *common,
+        "--out",
+        str(tmp_path / "bad"),
+    ]
     assert main(broken) == 2
     assert "outside the vocabulary" in load_report(tmp_path / "bad").errors[0]

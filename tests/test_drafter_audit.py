@@ -18,14 +18,13 @@ import torch
 from scipy import stats as _st
 
 from reference.sampling import sample, uniform
-from specverify.verifier import zoo
-from specverify.drafter import costmodel
-from specverify.drafter import AUDIT_PLANS, audit_drafter
+from specverify.core.errors import InvalidArgument
+from specverify.core.results import Report
+from specverify.core.tables import PositionalCategorical, markov
+from specverify.drafter import AUDIT_PLANS, audit_drafter, costmodel
 from specverify.drafter.acceptance import clopper_pearson
 from specverify.mutants.drafter import greedy_sample_soft_q
-from specverify.core.errors import InvalidArgument
-from specverify.core.tables import PositionalCategorical, markov
-from specverify.core.results import Report
+from specverify.verifier import zoo
 
 ALPHA = 1e-6
 K = 4
@@ -85,8 +84,7 @@ def test_lying_drafter_is_named_the_culprit_with_the_canonical_verifier(table):
 
 
 def test_wrong_verifier_fails_the_losslessness_part(table):
-    report = audit_drafter(zoo.uniform(table), table, verifier=residual_is_p, tier="smoke", seed=0,
-                           alpha=ALPHA, k=K)
+    report = audit_drafter(zoo.uniform(table), table, verifier=residual_is_p, tier="smoke", seed=0, alpha=ALPHA, k=K)
     assert report.verdict == "fail" and not report.errors, report.summary()
     assert report.extra["diagnosis"]["culprit"] == "verifier", report.extra["diagnosis"]
     assert not [r for r in report.results if r.family == "consistency" and r.grade == "fail"]
@@ -99,18 +97,20 @@ def test_wrong_verifier_fails_the_losslessness_part(table):
 def _rates_within(report, exact: float, level: float = 1 - 1e-6):
     for pos in report.extra["efficiency"]["positions"]:
         low, high = clopper_pearson(pos["accepted"], pos["drafted"], level)
-        assert low <= exact <= high, f"position {pos['position']}: observed {pos['observed_rate']:.4f} " \
-                                     f"({pos['accepted']}/{pos['drafted']}), exact {exact:.4f}, CI [{low:.4f}, {high:.4f}]"
+        assert low <= exact <= high, (
+            f"position {pos['position']}: observed {pos['observed_rate']:.4f} "
+            f"({pos['accepted']}/{pos['drafted']}), exact {exact:.4f}, CI [{low:.4f}, {high:.4f}]"
+        )
         assert pos["expected_rate"] == pytest.approx(exact, abs=1e-12)
         assert pos["ci_low"] <= pos["observed_rate"] <= pos["ci_high"]
 
 
 def _tokens_per_pass_within(report, a: float):
     eff = report.extra["efficiency"]
-    exact = sum(a ** j for j in range(K + 1))
+    exact = sum(a**j for j in range(K + 1))
     counts = np.asarray(eff["length_counts"], dtype=float)
     lengths = np.arange(K + 1)
-    law = np.array([a ** j * (1 - a) for j in range(K)] + [a ** K])
+    law = np.array([a**j * (1 - a) for j in range(K)] + [a**K])
     sd = math.sqrt(float((law * (lengths - (law * lengths).sum()) ** 2).sum()) / counts.sum())
     z = float(_st.norm.isf(1e-6 / 2))
     assert abs(eff["tokens_per_target_pass"] - exact) <= z * sd + 1e-12, (eff["tokens_per_target_pass"], exact)
@@ -139,8 +139,17 @@ def test_adversary_rate_is_one_minus_eps_plus_eps_pmin(categorical):
 
 
 def test_oracle_accepts_everything_and_speedup_model(table):
-    report = audit_drafter(zoo.oracle(table), table, seed=0, alpha=ALPHA, k=K, draft_cost=0.05,
-                           model_params=8e9, bandwidth=3.35e12, bytes_per_param=2)
+    report = audit_drafter(
+        zoo.oracle(table),
+        table,
+        seed=0,
+        alpha=ALPHA,
+        k=K,
+        draft_cost=0.05,
+        model_params=8e9,
+        bandwidth=3.35e12,
+        bytes_per_param=2,
+    )
     eff = report.extra["efficiency"]
     assert [p["observed_rate"] for p in eff["positions"]] == [1.0] * K
     assert eff["tokens_per_target_pass"] == K + 1 and eff["mean_accepted"] == K
@@ -188,9 +197,16 @@ def test_report_is_deterministic_json_and_renders(table, tmp_path):
 # ------------------------------------------------------------------ bad usage and broken components
 def test_bad_arguments(table):
     d = zoo.uniform(table)
-    for kwargs, word in [(dict(tier="huge"), "tier"), (dict(k=0), "k"), (dict(draft_cost=-1.0), "draft_cost"),
-                         (dict(model_params=0), "model_params"), (dict(bandwidth=float("nan")), "bandwidth"),
-                         (dict(progress=3), "progress"), (dict(alpha=2.0), "alpha"), (dict(verifier=5), "verifier")]:
+    for kwargs, word in [
+        (dict(tier="huge"), "tier"),
+        (dict(k=0), "k"),
+        (dict(draft_cost=-1.0), "draft_cost"),
+        (dict(model_params=0), "model_params"),
+        (dict(bandwidth=float("nan")), "bandwidth"),
+        (dict(progress=3), "progress"),
+        (dict(alpha=2.0), "alpha"),
+        (dict(verifier=5), "verifier"),
+    ]:
         with pytest.raises(InvalidArgument, match=word):
             audit_drafter(d, table, **kwargs)
     with pytest.raises(InvalidArgument, match="drafter"):

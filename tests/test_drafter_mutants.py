@@ -13,15 +13,24 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specverify import stats
-from specverify.verifier import zoo
-from specverify.drafter import audit_drafter
-from specverify.mutants.drafter import (CATALOGUE, EQUIVALENTS, DrafterEntry, ReportedLawDrafter, by_name,
-                                        make_drafter_mutant, top_k_mask, top_p_mask)
 from specverify.core.errors import InvalidArgument
 from specverify.core.tables import markov, positional
+from specverify.drafter import audit_drafter
+from specverify.mutants.drafter import (
+    CATALOGUE,
+    EQUIVALENTS,
+    DrafterEntry,
+    ReportedLawDrafter,
+    by_name,
+    make_drafter_mutant,
+    top_k_mask,
+    top_p_mask,
+)
+from specverify.verifier import zoo
 
 ALPHA = 1e-6
 K = 4

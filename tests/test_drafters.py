@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specverify.verifier import zoo
 from specverify.core import tables
 from specverify.core.errors import InvalidArgument
+from specverify.verifier import zoo
 
 TARGETS = {
     "positional": lambda: tables.positional(6, 3, "topk", seed=0, top_k=3),
@@ -50,7 +50,11 @@ def test_shapes_of_q():
     assert torch.equal(hot.argmax(-1), p.argmax(-1))
     assert torch.equal(zoo.temperature(target, 3.0).table > 0, p > 0)
     adv = zoo.adversary(target, 0.1).table
-    torch.testing.assert_close((p - adv).clamp_min(0).sum(-1), torch.full((p.shape[0],), 0.1, dtype=torch.float64) - 0.1 * p.gather(-1, masked.argmin(-1, keepdim=True)).squeeze(-1))
+    torch.testing.assert_close(
+        (p - adv).clamp_min(0).sum(-1),
+        torch.full((p.shape[0],), 0.1, dtype=torch.float64)
+        - 0.1 * p.gather(-1, masked.argmin(-1, keepdim=True)).squeeze(-1),
+    )
 
 
 def test_stale_is_one_token_late():

@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from specverify.core.errors import InvalidArgument
 from specverify.drafter.costmodel import (
     best_draft_length,
     expected_tokens_per_round,
@@ -11,7 +12,6 @@ from specverify.drafter.costmodel import (
     speedup,
     target_pass_seconds,
 )
-from specverify.core.errors import InvalidArgument
 
 
 @pytest.mark.parametrize("a", [0.0, 0.3, 0.8, 0.99])
@@ -50,14 +50,17 @@ def test_memory_bound_cost_of_an_8b_model_on_an_h100():
     assert latency_per_token(0.8, 4, 0.05, t) == pytest.approx(t * (0.05 * 4 + 1) / expected_tokens_per_round(0.8, 4))
 
 
-@pytest.mark.parametrize("call", [
-    lambda: expected_tokens_per_round(1.5, 2),
-    lambda: expected_tokens_per_round([math.nan], 2),
-    lambda: expected_tokens_per_round(0.5, 0),
-    lambda: speedup(0.5, 2, -1.0),
-    lambda: target_pass_seconds(0),
-    lambda: latency_per_token(0.5, 2, 0.1, -1.0),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: expected_tokens_per_round(1.5, 2),
+        lambda: expected_tokens_per_round([math.nan], 2),
+        lambda: expected_tokens_per_round(0.5, 0),
+        lambda: speedup(0.5, 2, -1.0),
+        lambda: target_pass_seconds(0),
+        lambda: latency_per_token(0.5, 2, 0.1, -1.0),
+    ],
+)
 def test_bad_input_is_invalid_argument(call):
     with pytest.raises(InvalidArgument):
         call()

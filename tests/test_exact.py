@@ -14,10 +14,10 @@ import time
 import numpy as np
 import pytest
 import torch
+from _strategies import markov_tables, normalise, pq_pairs, weight_rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _strategies import markov_tables, normalise, pq_pairs, weight_rows
 from specverify.core import exact
 
 ATOL = 1e-12
@@ -93,9 +93,7 @@ def test_residual_mass_zero_falls_back_to_target():
     target = torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64)
     assert torch.equal(exact.one_step_law(target, target), target)
     # a custom rule that always rejects with an empty residual: the law is the fallback p
-    rule = exact.VerificationRule(
-        "reject_all", lambda t, d: torch.zeros_like(t), lambda t, d: torch.zeros_like(t)
-    )
+    rule = exact.VerificationRule("reject_all", lambda t, d: torch.zeros_like(t), lambda t, d: torch.zeros_like(t))
     draft = torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)
     assert torch.allclose(exact.one_step_law(target, draft, rule=rule), target, atol=ATOL)
     assert exact.acceptance_probability(target, draft, rule=rule).item() == 0.0
@@ -160,7 +158,7 @@ def brute_force_markov(p_init, p_trans, q_init, q_trans, K, L, rule):
         w = w if w.sum() > 0 else p
         return p.tolist(), q.tolist(), a, (w / w.sum()).tolist()
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def continuation(context, remaining):
         """Law of the next `remaining` emitted tokens, as a dict, from a block boundary."""
         out = {}
@@ -183,7 +181,7 @@ def brute_force_markov(p_init, p_trans, q_init, q_trans, K, L, rule):
             if prob == 0:
                 continue
             ctx, seq = context, []
-            for i, x in enumerate(drafts):
+            for _i, x in enumerate(drafts):
                 p, q, a, r = pieces(ctx)
                 for y in range(V):  # rejected at i: residual token, new block
                     add(seq + [y], prob * (1 - a[x]) * r[y])

@@ -12,9 +12,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from specverify.core.errors import InvalidArgument  # noqa: E402
-from specverify.cli.examples import hf as example  # noqa: E402
-from specverify.report import load_report  # noqa: E402
+from specverify.cli.examples import hf as example
+from specverify.core.errors import InvalidArgument
+from specverify.report import load_report
 
 VERDICTS = {"pass", "suspicious", "fail"}
 
@@ -61,11 +61,13 @@ def test_quick_run_writes_reports_readme_and_repros(quick_run):
 def test_same_seed_same_statistics(quick_run, tmp_path):
     _, reports = quick_run
     first = dict(reports)["sample_t0.7_topk8_k2"]
-    (_, again), = example.generate_hf_reports(tmp_path, seed=0, quick=True, plots=False,
-                                              configs=["sample_t0.7_topk8_k2"])
+    ((_, again),) = example.generate_hf_reports(
+        tmp_path, seed=0, quick=True, plots=False, configs=["sample_t0.7_topk8_k2"]
+    )
     assert again.verdict == first.verdict
-    assert [(r.name, r.position, r.statistic, r.pvalue) for r in again.results] == \
-        [(r.name, r.position, r.statistic, r.pvalue) for r in first.results]
+    assert [(r.name, r.position, r.statistic, r.pvalue) for r in again.results] == [
+        (r.name, r.position, r.statistic, r.pvalue) for r in first.results
+    ]
 
 
 def test_bad_arguments(tmp_path, capsys):

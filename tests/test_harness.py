@@ -8,10 +8,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reference.rules import verify as reference_verify
-from specverify.verifier import zoo
 from specverify.core import tables
-from specverify.verifier.battery import check_verifier_on
 from specverify.core.errors import ImplementationError
+from specverify.verifier import zoo
+from specverify.verifier.battery import check_verifier_on
 from specverify.verifier.harness import acceptance_overlap, run_harness, sample_contexts, validate_verifier_output
 from specverify.verifier.strategies import table_models
 
@@ -23,8 +23,9 @@ def _fast(target_probs, draft_probs, draft_tokens, *, generator):
 def test_run_bookkeeping_is_consistent():
     target = tables.markov(5, seed=0)
     drafter = zoo.temperature(target, 2.0)
-    run = run_harness(_fast, target, drafter, k=3, batch_size=64, length=9, num_groups=2,
-                      generator=torch.Generator().manual_seed(0))
+    run = run_harness(
+        _fast, target, drafter, k=3, batch_size=64, length=9, num_groups=2, generator=torch.Generator().manual_seed(0)
+    )
     R, L = run.tokens.shape
     assert (R, L) == (128, 9)
     # target contexts are those of the emitted prefix
@@ -70,8 +71,9 @@ def test_no_bonus_trials_are_counted_as_accepts():
         return tokens, torch.where(num == K + 1, torch.full_like(num, K), num)
 
     target = tables.markov(3, seed=1)
-    run = run_harness(no_bonus, target, zoo.oracle(target), k=2, batch_size=32, length=6,
-                      generator=torch.Generator().manual_seed(0))
+    run = run_harness(
+        no_bonus, target, zoo.oracle(target), k=2, batch_size=32, length=6, generator=torch.Generator().manual_seed(0)
+    )
     assert run.trial_accepted.all()  # q = p: every trial accepted, none misread as a rejection
     assert (run.block_positions <= 2).all()
 
@@ -80,14 +82,23 @@ def _draft(B=4, K=2):
     return torch.arange(B * K).reshape(B, K) % 5
 
 
-@pytest.mark.parametrize("output, fragment", [
-    ((torch.zeros(4, 3, dtype=torch.long),), "must return (tokens, num_emitted)"),
-    ((torch.zeros(4, 2, dtype=torch.long), torch.ones(4, dtype=torch.long)), "shape (4, 2)"),
-    ((torch.zeros(4, 3), torch.ones(4, dtype=torch.long)), "dtype"),
-    ((torch.zeros(4, 3, dtype=torch.long), torch.tensor([1, 1, 4, 1])), "row 2: num_emitted = 4"),
-    ((torch.tensor([[0, 1, 0], [2, 3, 0], [4, 0, 0], [1, 2, 7]]), torch.tensor([2, 3, 1, 3])), "row 3: emitted token 7"),
-    ((torch.tensor([[0, 1, 0], [2, 4, 0], [4, 0, 0], [1, 2, 3]]), torch.tensor([2, 3, 1, 3])), "row 1: emitted token 4"),
-])
+@pytest.mark.parametrize(
+    "output, fragment",
+    [
+        ((torch.zeros(4, 3, dtype=torch.long),), "must return (tokens, num_emitted)"),
+        ((torch.zeros(4, 2, dtype=torch.long), torch.ones(4, dtype=torch.long)), "shape (4, 2)"),
+        ((torch.zeros(4, 3), torch.ones(4, dtype=torch.long)), "dtype"),
+        ((torch.zeros(4, 3, dtype=torch.long), torch.tensor([1, 1, 4, 1])), "row 2: num_emitted = 4"),
+        (
+            (torch.tensor([[0, 1, 0], [2, 3, 0], [4, 0, 0], [1, 2, 7]]), torch.tensor([2, 3, 1, 3])),
+            "row 3: emitted token 7",
+        ),
+        (
+            (torch.tensor([[0, 1, 0], [2, 4, 0], [4, 0, 0], [1, 2, 3]]), torch.tensor([2, 3, 1, 3])),
+            "row 1: emitted token 4",
+        ),
+    ],
+)
 def test_validation_messages(output, fragment):
     with pytest.raises(ImplementationError) as info:
         validate_verifier_output(output, _draft(), 5)
@@ -105,7 +116,9 @@ def test_validation_ignores_entries_past_num_emitted():
 @given(pair=table_models(st.integers(2, 6)), k=st.integers(1, 4), seed=st.integers(0, 2**32 - 1))
 def test_reference_passes_on_arbitrary_models(pair, k, seed):
     target, drafter = pair
-    report = check_verifier_on(_fast, target, drafter, k=k, batch_size=256, length=5, num_groups=2, seed=seed, alpha=1e-7)
+    report = check_verifier_on(
+        _fast, target, drafter, k=k, batch_size=256, length=5, num_groups=2, seed=seed, alpha=1e-7
+    )
     assert report.passed, report.summary()
 
 
@@ -123,6 +136,7 @@ def test_planted_deviation_is_caught_on_small_models():
         rows = torch.arange(B)
         rejected = num <= K
         from reference.sampling import sample
+
         redraw = sample(target_probs[rows, num - 1].double(), generator=generator, check=False)
         tokens[rows, num - 1] = torch.where(rejected, redraw, tokens[rows, num - 1])
         return tokens, num

@@ -29,11 +29,14 @@ def _brute_marginals(model, L):
     return out
 
 
-@pytest.mark.parametrize("build", [
-    lambda: tables.positional(3, 4, seed=0),
-    lambda: tables.markov(3, seed=1),
-    lambda: tables.ngram(2, 3, seed=2),
-])
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: tables.positional(3, 4, seed=0),
+        lambda: tables.markov(3, seed=1),
+        lambda: tables.ngram(2, 3, seed=2),
+    ],
+)
 def test_marginals_match_enumeration(build):
     model = build()
     torch.testing.assert_close(model.token_marginals(4), _brute_marginals(model, 4), rtol=0, atol=1e-12)

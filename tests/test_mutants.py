@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats as sps
 
 from reference.rules import verify as reference_verify
@@ -38,6 +39,7 @@ B_MUTANT = 100_000  # rows per power check (every mutant's p-value is < 1e-15 at
 
 
 # ---------------------------------------------------------------- scenarios
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -236,6 +238,7 @@ LOSSLESS_OUTSIDE_NEEDS = [
 
 # ---------------------------------------------------------------- catalogue structure
 
+
 def test_catalogue_is_complete_and_well_formed():
     names = [e.name for e in CATALOGUE]
     assert len(names) == len(set(names))
@@ -243,10 +246,24 @@ def test_catalogue_is_complete_and_well_formed():
     equivalents = {e.name for e in entries("equivalent")}
     assert mutants == set(WITNESS), f"mutants without a witness scenario here: {mutants ^ set(WITNESS)}"
     assert equivalents == set(EQUIVALENT_ON)
-    bugs_md = {"always_accept", "inverted_ratio", "residual_softmax", "residual_is_p", "residual_unnormalised_icdf",
-               "pointmass_accept", "argmax_match", "bonus_from_residual", "bonus_wrong_row", "shared_uniform",
-               "first_unverified", "late_rejection", "continue_after_reject", "batch_row_mix", "typical_accept",
-               "ensemble"}
+    bugs_md = {
+        "always_accept",
+        "inverted_ratio",
+        "residual_softmax",
+        "residual_is_p",
+        "residual_unnormalised_icdf",
+        "pointmass_accept",
+        "argmax_match",
+        "bonus_from_residual",
+        "bonus_wrong_row",
+        "shared_uniform",
+        "first_unverified",
+        "late_rejection",
+        "continue_after_reject",
+        "batch_row_mix",
+        "typical_accept",
+        "ensemble",
+    }
     assert bugs_md <= mutants
     for e in CATALOGUE:
         assert e.description and e.provenance and callable(e.fn), e
@@ -309,13 +326,15 @@ def test_protocol_shapes_and_determinism(entry):
 
 # ---------------------------------------------------------------- power and equivalence
 
+
 @pytest.mark.parametrize("name", sorted(WITNESS))
 def test_mutant_is_lossy_on_its_witness_scenario(name):
     scenario, n_rows = WITNESS[name], B_MUTANT
     result = run_check(by_name(name), scenario, n_rows=n_rows)
     assert result.pvalue < ALPHA_MUTANT, (
         f"mutant {name} not distinguishable from the target on scenario {scenario!r} "
-        f"(needs: {by_name(name).needs}); {result}; N={n_rows}, seed=0")
+        f"(needs: {by_name(name).needs}); {result}; N={n_rows}, seed=0"
+    )
 
 
 @pytest.mark.parametrize("name,scenario", [(n, s) for n, ss in EQUIVALENT_ON.items() for s in ss])
@@ -323,14 +342,16 @@ def test_equivalent_variant_is_indistinguishable(name, scenario):
     n_rows = B_MUTANT if scenario == "tail" else B
     result = run_check(by_name(name), scenario, seed=1, n_rows=n_rows)
     assert result.pvalue > ALPHA_EQUIVALENT, (
-        f"equivalent variant {name} rejected on scenario {scenario!r}: {result}; N={n_rows}, seed=1")
+        f"equivalent variant {name} rejected on scenario {scenario!r}: {result}; N={n_rows}, seed=1"
+    )
 
 
 @pytest.mark.parametrize("name,scenario", LOSSLESS_OUTSIDE_NEEDS)
 def test_mutant_is_lossless_outside_its_needs(name, scenario):
     result = run_check(by_name(name), scenario, seed=2, n_rows=B_MUTANT)
     assert result.pvalue > ALPHA_EQUIVALENT, (
-        f"{name} was expected lossless on {scenario!r} (outside its needs: {by_name(name).needs}): {result}")
+        f"{name} was expected lossless on {scenario!r} (outside its needs: {by_name(name).needs}): {result}"
+    )
 
 
 def test_law_check_has_power_and_calibration():

@@ -18,7 +18,7 @@ from specverify.mutants import by_name
 from specverify.selftest.peers import PEERS, PeerResult, peer_matrix
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference_result(peer_name: str, run: int) -> PeerResult:
     """The peer on the canonical rule at seed 0 (``run`` tells repeated runs apart)."""
     return PEERS[peer_name](reference_verify, seed=0)

@@ -13,18 +13,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from _targets import WithConditionals
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from scipy import stats as _st
 
 from reference.rules import verify as canonical_verify
 from reference.sampling import sample, uniform
-from specverify.verifier import zoo
-from specverify.decoder import check_decoder
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.tables import PositionalCategorical, markov, positional
+from specverify.decoder import check_decoder
 from specverify.decoder.pipeline import ProtocolDecoder, merge_stats
-
-from _targets import WithConditionals
+from specverify.verifier import zoo
 
 ALPHA = 1e-7
 PROMPT = torch.tensor([3, 1, 4])
@@ -108,9 +108,15 @@ def test_no_bonus_verifier_counts_accepted_drafts(table):
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(V=st.integers(2, 6), K=st.integers(1, 4), N=st.integers(1, 40), L=st.integers(1, 7),
-       kind=st.sampled_from(["peaked", "topk", "onehot", "flat"]), drafter=st.sampled_from(["uniform", "noisy", "stale", "argmax"]),
-       seed=st.integers(0, 2**32 - 1))
+@given(
+    V=st.integers(2, 6),
+    K=st.integers(1, 4),
+    N=st.integers(1, 40),
+    L=st.integers(1, 7),
+    kind=st.sampled_from(["peaked", "topk", "onehot", "flat"]),
+    drafter=st.sampled_from(["uniform", "noisy", "stale", "argmax"]),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_counter_identities(V, K, N, L, kind, drafter, seed):
     target = markov(V, kind, seed=seed % 1000)
     decoder = ProtocolDecoder(zoo.make_drafter(drafter, target), target, k=K)
@@ -127,8 +133,8 @@ def test_counter_identities(V, K, N, L, kind, drafter, seed):
     # the support of the output: never a token the target gives probability 0
     seqs = torch.cat([torch.tensor([0, V - 1]).expand(N, -1), tokens], 1)
     for j in range(L):
-        probs = target.next_token_probs(seqs[:, :2 + j])  # (N, V)
-        assert bool((probs.gather(1, tokens[:, j:j + 1]) > 0).all())
+        probs = target.next_token_probs(seqs[:, : 2 + j])  # (N, V)
+        assert bool((probs.gather(1, tokens[:, j : j + 1]) > 0).all())
     assert decoder.last_stats is s
     merged = merge_stats([s, s])
     assert merged.rounds == 2 * s.rounds and merged.accept_probs[0].size == 2 * s.accept_probs[0].size
@@ -196,11 +202,13 @@ def test_broken_verifier_raises_implementation_error(table):
 
     with pytest.raises(ImplementationError, match="num_emitted"):
         ProtocolDecoder(zoo.oracle(table), table, k=2, verify=too_many).generate(
-            PROMPT, num_samples=4, max_new_tokens=3, seed=0)
+            PROMPT, num_samples=4, max_new_tokens=3, seed=0
+        )
 
 
 def test_context_free_target_from_table():
     target = PositionalCategorical(torch.tensor([[0.5, 0.5, 0.0]], dtype=torch.float64))
-    out = ProtocolDecoder(zoo.uniform(target), target, k=2).generate(torch.tensor([0]), num_samples=500,
-                                                                          max_new_tokens=4, seed=1)
+    out = ProtocolDecoder(zoo.uniform(target), target, k=2).generate(
+        torch.tensor([0]), num_samples=500, max_new_tokens=4, seed=1
+    )
     assert int(out.max()) <= 1, "a token of target probability 0 was emitted"

@@ -14,14 +14,14 @@ import json
 import textwrap
 import xml.etree.ElementTree as ET
 
-import pytest
-
 # Modules the in-process runs import (the active plugin; hypothesis' pytest plugin at summary time).
 # Import them before pytester snapshots sys.modules: otherwise each test's teardown drops them and
 # the next run re-imports them -- slow, and for torch a crash of the interpreter.
 import hypothesis  # noqa: F401
-import specverify.report  # noqa: F401
+import pytest
 import torch  # noqa: F401
+
+import specverify.report  # noqa: F401
 
 pytest_plugins = ["pytester"]
 
@@ -65,7 +65,7 @@ def check_verifier(verify, *, tier="smoke", seed=0, alpha=1e-3, greedy=False, pr
                   timings={"total": 0.01})
 '''
 
-IMPL = '''
+IMPL = """
 def good(target_probs, draft_probs, draft_tokens, *, generator):
     raise AssertionError("the fake battery never calls the verifier")
 
@@ -80,7 +80,7 @@ broken.errors = ["scenario beta_markov: returned token 99 >= vocabulary size 8 (
 def crash(target_probs, draft_probs, draft_tokens, *, generator):
     pass
 crash.crash = True
-'''
+"""
 
 FAKE = ("--specverify-battery", "fake_battery")
 
@@ -102,14 +102,16 @@ def calls(pytester) -> list[dict]:
 def test_inert_without_option_no_heavy_imports(pytester, monkeypatch):
     """Entry point loaded in a subprocess; no items, no header, and no torch/scipy/numpy imported."""
     monkeypatch.delenv("SPECVERIFY_IMPL", raising=False)
-    pytester.makepyfile(test_light="""
+    pytester.makepyfile(
+        test_light="""
         import sys
 
         def test_light(pytestconfig):
             assert pytestconfig.pluginmanager.has_plugin("specverify"), "entry point not loaded"
             heavy = sorted(m for m in ("torch", "scipy", "numpy", "specverify.verifier.battery", "specverify.report") if m in sys.modules)
             assert heavy == []
-    """)
+    """
+    )
     result = pytester.runpytest_subprocess("-v", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
     assert "specverify[" not in result.stdout.str()
@@ -125,22 +127,39 @@ def test_items_pass_header_and_summary(fake):
     fake.makepyfile(test_user="def test_user(): pass")
     result = fake.runpytest("--specverify-impl", "myimpl:good", *FAKE, "--specverify-seed", "7", "-v")
     result.assert_outcomes(passed=5)
-    result.stdout.fnmatch_lines([
-        "specverify: implementation=myimpl:good tier=smoke seed=7 alpha=0.001",
-        "specverify 0.1.0, torch *, device *",
-    ])
-    result.stdout.fnmatch_lines(["*specverify?protocol? PASSED*", "*specverify?alpha_small? PASSED*",
-                                 "*specverify?gamma_bonus? PASSED*"])
-    result.stdout.fnmatch_lines(["*= specverify =*", "verifier myimpl:good: PASS (tier smoke, seed 7, alpha 0.001, "
-                                 "3 scenarios, 4 tests graded together, *", "repro: specverify audit --verifier myimpl:good --tier smoke --seed 7"])
+    result.stdout.fnmatch_lines(
+        [
+            "specverify: implementation=myimpl:good tier=smoke seed=7 alpha=0.001",
+            "specverify 0.1.0, torch *, device *",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        ["*specverify?protocol? PASSED*", "*specverify?alpha_small? PASSED*", "*specverify?gamma_bonus? PASSED*"]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "*= specverify =*",
+            "verifier myimpl:good: PASS (tier smoke, seed 7, alpha 0.001, 3 scenarios, 4 tests graded together, *",
+            "repro: specverify audit --verifier myimpl:good --tier smoke --seed 7",
+        ]
+    )
     assert calls(fake) == [{"tier": "smoke", "seed": 7, "alpha": 0.001, "greedy": False, "scenarios": None}]
 
 
 def test_keyword_and_marker_selection_reach_the_battery(fake):
     result = fake.runpytest("--specverify-impl", "myimpl:good", *FAKE, "-k", "beta_markov or gamma")
     result.assert_outcomes(passed=2, deselected=2)
-    result = fake.runpytest("--specverify-impl", "myimpl:good", *FAKE, "-k", "specverify[alpha_small] or protocol",
-                            "--specverify-tier", "deep", "--specverify-alpha", "1e-4")
+    result = fake.runpytest(
+        "--specverify-impl",
+        "myimpl:good",
+        *FAKE,
+        "-k",
+        "specverify[alpha_small] or protocol",
+        "--specverify-tier",
+        "deep",
+        "--specverify-alpha",
+        "1e-4",
+    )
     result.assert_outcomes(passed=2, deselected=3)
     result = fake.runpytest("--specverify-impl", "myimpl:good", *FAKE, "--specverify-greedy", "-v")
     result.assert_outcomes(passed=2)
@@ -164,40 +183,64 @@ def test_failure_message_and_suspicious_warning(fake):
     result.assert_outcomes(passed=3, failed=1, warnings=1)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     out = result.stdout.str()
-    result.stdout.fnmatch_lines([
-        "verifier myimpl:bad (tier=smoke, seed=3, alpha=0.001): scenario 'beta_markov' FAILED: 1 of 1 tests below their allocated alpha",
-        "  gof@abs=2 ?FAIL? (Cressie-Read lambda=2/3)",
-        "    observed vs expected: token 5: 812 vs 1000 (z=-5.9); token 7: 1188 vs 1000 (z=+5.9); *",
-        "    statistic=123.4, p=1e-12, adjusted p=4e-12 (allocated alpha 0.00025), N=4000, df=3, bins=4, detectable TV=0.031, seed=3",
-        "repro: specverify audit --verifier myimpl:bad --tier smoke --seed 3",
-        "       pytest --specverify-impl myimpl:bad --specverify-tier smoke --specverify-seed 3 "
-        "--specverify-battery fake_battery -k 'specverify?beta_markov?'*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "verifier myimpl:bad (tier=smoke, seed=3, alpha=0.001): scenario 'beta_markov' FAILED: 1 of 1 tests below their allocated alpha",
+            "  gof@abs=2 ?FAIL? (Cressie-Read lambda=2/3)",
+            "    observed vs expected: token 5: 812 vs 1000 (z=-5.9); token 7: 1188 vs 1000 (z=+5.9); *",
+            "    statistic=123.4, p=1e-12, adjusted p=4e-12 (allocated alpha 0.00025), N=4000, df=3, bins=4, detectable TV=0.031, seed=3",
+            "repro: specverify audit --verifier myimpl:bad --tier smoke --seed 3",
+            "       pytest --specverify-impl myimpl:bad --specverify-tier smoke --specverify-seed 3 "
+            "--specverify-battery fake_battery -k 'specverify?beta_markov?'*",
+        ]
+    )
     assert "Traceback" not in out and "def runtest" not in out, "failures must read without a traceback"
-    result.stdout.fnmatch_lines(["  specverify?gamma_bonus?:0: SuspiciousResultWarning: verifier myimpl:bad * "
-                                 "scenario 'gamma_bonus' SUSPICIOUS (p below 100x its allocated alpha; not a failure)",
-                                 "    gof@abs=2 ?SUSPICIOUS? (Cressie-Read lambda=2/3)"])
-    result.stdout.fnmatch_lines(["verifier myimpl:bad: FAIL *", "worst tests:", "  ?FAIL? gof/gof beta_markov/abs=2: *",
-                                 "  ?SUSPICIOUS? gof/gof gamma_bonus/abs=2: *"])
+    result.stdout.fnmatch_lines(
+        [
+            "  specverify?gamma_bonus?:0: SuspiciousResultWarning: verifier myimpl:bad * "
+            "scenario 'gamma_bonus' SUSPICIOUS (p below 100x its allocated alpha; not a failure)",
+            "    gof@abs=2 ?SUSPICIOUS? (Cressie-Read lambda=2/3)",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "verifier myimpl:bad: FAIL *",
+            "worst tests:",
+            "  ?FAIL? gof/gof beta_markov/abs=2: *",
+            "  ?SUSPICIOUS? gof/gof gamma_bonus/abs=2: *",
+        ]
+    )
     # the same scenario alone, as the repro line says; -W error turns the warning into a failure
-    result = fake.runpytest("--specverify-impl", "myimpl:bad", *FAKE, "-k", "specverify[gamma_bonus]",
-                            "-W", "error::specverify.cli.plugin.SuspiciousResultWarning")
+    result = fake.runpytest(
+        "--specverify-impl",
+        "myimpl:bad",
+        *FAKE,
+        "-k",
+        "specverify[gamma_bonus]",
+        "-W",
+        "error::specverify.cli.plugin.SuspiciousResultWarning",
+    )
     result.assert_outcomes(failed=1, deselected=3)
 
 
 def test_implementation_errors_fail_protocol_and_their_scenario(fake):
     result = fake.runpytest("--specverify-impl", "myimpl:broken", *FAKE)
     result.assert_outcomes(passed=2, failed=2)
-    result.stdout.fnmatch_lines(["*: protocol FAILED", "  implementation error: scenario beta_markov: returned token 99 >= *"])
+    result.stdout.fnmatch_lines(
+        ["*: protocol FAILED", "  implementation error: scenario beta_markov: returned token 99 >= *"]
+    )
     result.stdout.fnmatch_lines(["*: scenario 'beta_markov' FAILED", "  implementation error: *"])
     result.stdout.fnmatch_lines(["verifier myimpl:broken: FAIL *", "implementation error: scenario beta_markov: *"])
 
 
-@pytest.mark.parametrize("impl, expect", [
-    ("myimpl:crash", "RuntimeError: battery bug"),
-    ("nowhere:verify", "*InvalidArgument: --specverify-impl='nowhere:verify': cannot import module 'nowhere'*"),
-    ("myimpl:missing", "*has no attribute 'missing'*"),
-])
+@pytest.mark.parametrize(
+    "impl, expect",
+    [
+        ("myimpl:crash", "RuntimeError: battery bug"),
+        ("nowhere:verify", "*InvalidArgument: --specverify-impl='nowhere:verify': cannot import module 'nowhere'*"),
+        ("myimpl:missing", "*has no attribute 'missing'*"),
+    ],
+)
 def test_load_and_battery_errors_fail_every_item(fake, impl, expect):
     result = fake.runpytest("--specverify-impl", impl, *FAKE, "-k", "protocol or alpha")
     result.assert_outcomes(failed=2, deselected=2)
@@ -215,8 +258,13 @@ def test_degrades_without_list_scenarios_or_subsets(fake):
     fake.makepyfile(old_battery=FAKE_BATTERY.replace("list_scenarios(tier", "_all(tier"))
     result = fake.runpytest("--specverify-impl", "myimpl:bad", "--specverify-battery", "old_battery", "-v")
     result.assert_outcomes(passed=1, failed=1, warnings=1)
-    result.stdout.fnmatch_lines(["*specverify?protocol? PASSED*", "*specverify?battery? FAILED*",
-                                 "verifier myimpl:bad (*): the whole battery FAILED: 1 of 4 tests below *"])
+    result.stdout.fnmatch_lines(
+        [
+            "*specverify?protocol? PASSED*",
+            "*specverify?battery? FAILED*",
+            "verifier myimpl:bad (*): the whole battery FAILED: 1 of 4 tests below *",
+        ]
+    )
     fake.makepyfile(nosubset=FAKE_BATTERY.replace(", scenarios=None):", "):\n    scenarios = None"))
     result = fake.runpytest("--specverify-impl", "myimpl:good", "--specverify-battery", "nosubset", "-k", "alpha")
     result.assert_outcomes(passed=1, deselected=3)
@@ -224,17 +272,26 @@ def test_degrades_without_list_scenarios_or_subsets(fake):
 
 
 def test_skips_file(fake):
-    fake.makefile(".txt", skips=textwrap.dedent("""\
+    fake.makefile(
+        ".txt",
+        skips=textwrap.dedent("""\
         # known problems of myimpl
         xfail specverify[beta_markov]   # residual computed in float16 (issue 12)
         skip  gamma_*                   # too slow here
         SKIP  nothing_matches_this
-    """))
+    """),
+    )
     result = fake.runpytest("--specverify-impl", "myimpl:bad", *FAKE, "--specverify-skips", "skips.txt", "-rsx")
     result.assert_outcomes(passed=2, xfailed=1, skipped=1)
-    result.stdout.fnmatch_lines(["SKIPPED ?1? specverify?gamma_bonus?: too slow here",
-                                 "XFAIL specverify?beta_markov? - residual computed in float16 (issue 12)"])
-    result.stdout.fnmatch_lines(["specverify: warning: skips file skips.txt:4: 'nothing_matches_this' matches no specverify item"])
+    result.stdout.fnmatch_lines(
+        [
+            "SKIPPED ?1? specverify?gamma_bonus?: too slow here",
+            "XFAIL specverify?beta_markov? - residual computed in float16 (issue 12)",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        ["specverify: warning: skips file skips.txt:4: 'nothing_matches_this' matches no specverify item"]
+    )
     assert calls(fake)[-1]["scenarios"] == ["alpha_small", "beta_markov"], "skipped scenarios must not run"
     fake.makefile(".txt", bad="xfail\n")
     result = fake.runpytest("--specverify-impl", "myimpl:bad", *FAKE, "--specverify-skips", "bad.txt")
@@ -246,7 +303,12 @@ def test_junit_properties(fake):
     result = fake.runpytest("--specverify-impl", "myimpl:bad", *FAKE, "--junitxml", "out.xml")
     result.assert_outcomes(passed=3, failed=1, warnings=1)
     cases = {c.get("name"): c for c in ET.parse(fake.path / "out.xml").getroot().iter("testcase")}
-    assert set(cases) == {"specverify[protocol]", "specverify[alpha_small]", "specverify[beta_markov]", "specverify[gamma_bonus]"}
+    assert set(cases) == {
+        "specverify[protocol]",
+        "specverify[alpha_small]",
+        "specverify[beta_markov]",
+        "specverify[gamma_bonus]",
+    }
     props = {p.get("name"): p.get("value") for p in cases["specverify[beta_markov]"].iter("property")}
     assert props["gof@abs=2.grade"] == "fail"
     assert float(props["gof@abs=2.pvalue"]) == 1e-12 and float(props["gof@abs=2.adjusted_pvalue"]) == 4e-12
@@ -269,11 +331,14 @@ def test_environment_and_ini_configuration(fake, monkeypatch):
     assert [c["seed"] for c in calls(fake)] == [5, 11]
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--specverify-seed", "-1"), "--specverify-seed must be a non-negative integer, got '-1'"),
-    (("--specverify-seed", "x"), "--specverify-seed must be a non-negative integer, got 'x'"),
-    (("--specverify-alpha", "2"), "--specverify-alpha must be a number in (0, 1), got '2'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--specverify-seed", "-1"), "--specverify-seed must be a non-negative integer, got '-1'"),
+        (("--specverify-seed", "x"), "--specverify-seed must be a non-negative integer, got 'x'"),
+        (("--specverify-alpha", "2"), "--specverify-alpha must be a number in (0, 1), got '2'"),
+    ],
+)
 def test_bad_options_are_usage_errors(fake, args, message):
     result = fake.runpytest("--specverify-impl", "myimpl:good", *FAKE, *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -307,14 +372,14 @@ def broken(target_probs, draft_probs, draft_tokens, *, generator):
 '''
 
 # Until specverify.verifier.battery has list_scenarios, the end-to-end test lists the scenarios through this shim.
-SHIM = '''
+SHIM = """
 from specverify.verifier.battery import check_verifier
 from specverify.verifier.scenarios import get_scenarios
 
 
 def list_scenarios(tier, *, greedy=False):
     return [s.name for s in get_scenarios(greedy=greedy)]
-'''
+"""
 
 
 @pytest.mark.slow
@@ -326,12 +391,21 @@ def test_end_to_end_real_battery(pytester, monkeypatch):
     pytester.syspathinsert()
     extra = () if hasattr(battery, "list_scenarios") else ("--specverify-battery", "sv_battery")
     selection = "protocol or pos2_least_likely_k2 or markov4_oracle_k8"
-    result = pytester.runpytest("--specverify-impl", "reference.rules:verify", *extra, "-k", selection, "--junitxml", "ok.xml")
+    result = pytester.runpytest(
+        "--specverify-impl", "reference.rules:verify", *extra, "-k", selection, "--junitxml", "ok.xml"
+    )
     assert result.parseoutcomes()["passed"] == 3, result.stdout.str()
-    result.stdout.fnmatch_lines(["verifier reference.rules:verify: PASS *", "repro: specverify audit --verifier reference.rules:verify *"])
+    result.stdout.fnmatch_lines(
+        ["verifier reference.rules:verify: PASS *", "repro: specverify audit --verifier reference.rules:verify *"]
+    )
     result = pytester.runpytest("--specverify-impl", "brokenimpl:broken", *extra, "-k", "pos2_least_likely_k2")
     result.assert_outcomes(failed=1, deselected=result.parseoutcomes()["deselected"])
-    result.stdout.fnmatch_lines(["verifier brokenimpl:broken (tier=smoke, seed=0, alpha=0.001): scenario "
-                                 "'pos2_least_likely_k2' FAILED: * tests below their allocated alpha",
-                                 "    observed vs expected: *", "    statistic=*, p=*, adjusted p=*, N=*, seed=*"])
+    result.stdout.fnmatch_lines(
+        [
+            "verifier brokenimpl:broken (tier=smoke, seed=0, alpha=0.001): scenario "
+            "'pos2_least_likely_k2' FAILED: * tests below their allocated alpha",
+            "    observed vs expected: *",
+            "    statistic=*, p=*, adjusted p=*, N=*, seed=*",
+        ]
+    )
     result.stdout.fnmatch_lines(["verifier brokenimpl:broken: FAIL *"])

@@ -34,7 +34,7 @@ def greedy_continuation(target, prompts, n):
     seq = prompts.clone()
     for _ in range(n):
         seq = torch.cat([seq, target(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
-    return seq[:, prompts.shape[1]:]
+    return seq[:, prompts.shape[1] :]
 
 
 # ------------------------------------------------------------------ greedy
@@ -53,7 +53,8 @@ def test_greedy_speculative_equals_target_greedy(k, batch, drafter_kind):
     dec = SpeculativeDecoder(target, drafter, k=k, greedy=True)
     result = dec.generate_batch(prompts, 14, generator=torch.Generator().manual_seed(0))
     assert torch.equal(result.tokens, expected), (
-        f"greedy speculative (K={k}, {drafter_kind}) != target greedy:\n{result.tokens}\nvs\n{expected}")
+        f"greedy speculative (K={k}, {drafter_kind}) != target greedy:\n{result.tokens}\nvs\n{expected}"
+    )
     # Temperature 0 through the stochastic verifier is the same continuation.
     dec0 = SpeculativeDecoder(target, drafter, k=k, sampling=GREEDY)
     assert torch.equal(dec0.generate_batch(prompts, 14, generator=torch.Generator().manual_seed(1)).tokens, expected)
@@ -116,7 +117,7 @@ def test_greedy_rows_do_not_depend_on_the_batch():
     prompts = torch.randint(0, 32, (6, 4), generator=torch.Generator().manual_seed(4))
     batched = dec.generate_batch(prompts, 12, generator=torch.Generator().manual_seed(0)).tokens
     for b in range(6):
-        alone = dec.generate_batch(prompts[b:b + 1], 12, generator=torch.Generator().manual_seed(0)).tokens
+        alone = dec.generate_batch(prompts[b : b + 1], 12, generator=torch.Generator().manual_seed(0)).tokens
         assert torch.equal(alone[0], batched[b])
 
 
@@ -216,7 +217,8 @@ def test_speculative_first_tokens_follow_the_exact_target_law(tiny_pair, config)
     pvalues = law_pvalues(SpeculativeDecoder(target, drafter, k=2, sampling=sampling), sampling, target)
     assert min(p for p, _ in pvalues.values()) > ALPHA, (
         f"speculative decoding (K=2, {config}, N={N_STAT}, seed={SEED_STAT}) deviates from the exact "
-        f"target law: {_describe(pvalues)}")
+        f"target law: {_describe(pvalues)}"
+    )
 
 
 @pytest.mark.parametrize("which", ["direct", "ngram"])
@@ -286,11 +288,14 @@ def test_planted_decoder_bugs_are_caught(tiny_pair, mutant):
     assert pvalues["x1x2x3"][0] < ALPHA, f"planted bug {mutant} not detected: {_describe(pvalues)}"
 
 
-@pytest.mark.parametrize("decoder_cls,sampling,detect", [
-    (SpeculativeDecoder, SamplingConfig(top_k=3), False),
-    (SpeculativeDecoder, SamplingConfig(temperature=0.7), False),
-    (TargetAtTemperatureOne, SamplingConfig(temperature=0.7), True),  # rate 0.7067 instead of 0.6617
-])
+@pytest.mark.parametrize(
+    "decoder_cls,sampling,detect",
+    [
+        (SpeculativeDecoder, SamplingConfig(top_k=3), False),
+        (SpeculativeDecoder, SamplingConfig(temperature=0.7), False),
+        (TargetAtTemperatureOne, SamplingConfig(temperature=0.7), True),  # rate 0.7067 instead of 0.6617
+    ],
+)
 def test_first_position_acceptance_rate_is_sum_min_p_q(tiny_pair, decoder_cls, sampling, detect):
     """In round 1 the first draft is accepted with probability exactly sum_x min(p(x), q(x)) at the prompt."""
     target, drafter = tiny_pair
@@ -302,8 +307,10 @@ def test_first_position_acceptance_rate_is_sum_min_p_q(tiny_pair, decoder_cls, s
     expected = float(torch.minimum(target_probs, draft_probs).sum())
     assert stats.drafted[0] == N_STAT
     p = sps.binomtest(stats.accepted[0], N_STAT, expected).pvalue
-    message = (f"{decoder_cls.__name__} ({sampling}): accepted {stats.accepted[0]}/{N_STAT} at position 1, "
-               f"expected rate {expected:.4f}, binomial p={p:.3g}, seed={SEED_STAT}")
+    message = (
+        f"{decoder_cls.__name__} ({sampling}): accepted {stats.accepted[0]}/{N_STAT} at position 1, "
+        f"expected rate {expected:.4f}, binomial p={p:.3g}, seed={SEED_STAT}"
+    )
     assert (p < ALPHA) == detect, message
 
 

@@ -40,7 +40,7 @@ def test_cached_forward_equals_full_forward(dtype, atol, chunks):
     cache = target.new_cache(6, capacity=2)  # capacity grows on demand
     parts, at = [], 0
     for n in chunks:
-        parts.append(target(x[:, at:at + n], cache))
+        parts.append(target(x[:, at : at + n], cache))
         at += n
     inc = torch.cat(parts, dim=1)
     assert cache.lengths.tolist() == [12] * 6
@@ -82,7 +82,7 @@ def test_per_row_truncation_and_ragged_feed():
     nxt = _tokens(3, 1, V, seed=8)
     out = target(nxt, cache)
     for b in range(3):
-        seq = torch.cat([x[b, :int(keep[b])], new[b, :int(num_valid[b])], nxt[b]])[None]
+        seq = torch.cat([x[b, : int(keep[b])], new[b, : int(num_valid[b])], nxt[b]])[None]
         torch.testing.assert_close(out[b, 0], target(seq)[0, -1], atol=1e-10, rtol=0)
 
 
@@ -205,7 +205,9 @@ def test_top_p_hand_examples():
     probs = torch.tensor([[0.15, 0.5, 0.05, 0.3]], dtype=torch.float64)
     # Sorted: 0.5, 0.3, 0.15, 0.05; mass before: 0, 0.5, 0.8, 0.95.
     torch.testing.assert_close(top_p_probs(probs, 0.8), torch.tensor([[0.0, 0.625, 0.0, 0.375]], dtype=torch.float64))
-    torch.testing.assert_close(top_p_probs(probs, 0.81), torch.tensor([[0.15, 0.5, 0.0, 0.3]], dtype=torch.float64) / 0.95)
+    torch.testing.assert_close(
+        top_p_probs(probs, 0.81), torch.tensor([[0.15, 0.5, 0.0, 0.3]], dtype=torch.float64) / 0.95
+    )
     torch.testing.assert_close(top_p_probs(probs, 0.1), torch.tensor([[0.0, 1.0, 0.0, 0.0]], dtype=torch.float64))
     assert torch.equal(top_p_probs(probs, 1.0), probs)
 
@@ -220,9 +222,13 @@ def test_pipeline_order_temperature_topk_topp_minp():
     logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]], dtype=torch.float64))
     cfg = SamplingConfig(temperature=1.0, top_k=3, top_p=0.7, min_p=0.0)
     # top-k 3: (4, 3, 2)/9; top-p 0.7: mass before = 0, 4/9, 7/9 -> keep 2 tokens: (4, 3)/7.
-    torch.testing.assert_close(logits_to_probs(logits, cfg), torch.tensor([[4 / 7, 3 / 7, 0.0, 0.0]], dtype=torch.float64))
+    torch.testing.assert_close(
+        logits_to_probs(logits, cfg), torch.tensor([[4 / 7, 3 / 7, 0.0, 0.0]], dtype=torch.float64)
+    )
     cfg = SamplingConfig(temperature=1.0, top_k=3, min_p=0.7)
-    torch.testing.assert_close(logits_to_probs(logits, cfg), torch.tensor([[4 / 7, 3 / 7, 0.0, 0.0]], dtype=torch.float64))
+    torch.testing.assert_close(
+        logits_to_probs(logits, cfg), torch.tensor([[4 / 7, 3 / 7, 0.0, 0.0]], dtype=torch.float64)
+    )
 
 
 @settings(max_examples=40, deadline=None)
@@ -244,10 +250,20 @@ def test_processors_return_normalised_rows_supported_on_the_argmax(seed, tempera
         assert bool(((probs > 0).sum(-1) <= top_k).all())
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"temperature": -0.1}, {"temperature": float("nan")}, {"temperature": True}, {"top_k": 0}, {"top_k": 2.5},
-    {"top_p": 0.0}, {"top_p": 1.5}, {"min_p": -0.1}, {"min_p": 1.1},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"temperature": -0.1},
+        {"temperature": float("nan")},
+        {"temperature": True},
+        {"top_k": 0},
+        {"top_k": 2.5},
+        {"top_p": 0.0},
+        {"top_p": 1.5},
+        {"min_p": -0.1},
+        {"min_p": 1.1},
+    ],
+)
 def test_sampling_config_validation(kwargs):
     name = next(iter(kwargs))
     with pytest.raises(InvalidArgument, match=name):
@@ -269,7 +285,7 @@ def test_target_adapter_conditionals_match_next_token_probs():
     cond = adapter.conditionals(seqs, 4)  # (5, 4, V)
     assert cond.shape == (5, 4, 32) and cond.dtype == torch.float64
     for j in range(4):
-        torch.testing.assert_close(cond[:, j], adapter.next_token_probs(seqs[:, :4 + j]), atol=1e-6, rtol=0)
+        torch.testing.assert_close(cond[:, j], adapter.next_token_probs(seqs[:, : 4 + j]), atol=1e-6, rtol=0)
     with pytest.raises(InvalidArgument, match="start"):
         adapter.conditionals(seqs, 0)
     with pytest.raises(InvalidArgument, match="prefix"):

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from specverify.core.errors import InvalidArgument
-from specverify.report import load_report, render_html, render_markdown, write_report
-from specverify.report import io as report_io
 from specverify.core.results import Report, TestResult
+from specverify.report import io as report_io
+from specverify.report import load_report, render_html, render_markdown, write_report
 
 EVIL = '<script>alert("x")</script>'
 
@@ -29,13 +29,32 @@ def _gof(scenario, position, pvalue, grade, *, n=4000, details=True, seed=0, alp
     if grade == "fail":
         observed[0] += 300
         observed[1] -= 300
-    extra = {"observed": observed.tolist(), "expected": expected.tolist(),
-             "bin_tokens": [[0], [3], [1], [5], [2], [4, 6, 7]]} if details else {}
+    extra = (
+        {
+            "observed": observed.tolist(),
+            "expected": expected.tolist(),
+            "bin_tokens": [[0], [3], [1], [5], [2], [4, 6, 7]],
+        }
+        if details
+        else {}
+    )
     return TestResult(
-        statistic=float(rng.chisquare(5)), pvalue=pvalue, name="gof", family="gof",
-        method="Cressie-Read lambda=2/3 vs chi2(5)", n=n, df=5.0, bins=6, multi_token_mass=0.04,
-        mde_tv=float(np.sqrt(30.0 / (4 * n))), alpha=alpha, adjusted_pvalue=min(1.0, pvalue * 20),
-        grade=grade, scenario=scenario, position=position, details=extra,
+        statistic=float(rng.chisquare(5)),
+        pvalue=pvalue,
+        name="gof",
+        family="gof",
+        method="Cressie-Read lambda=2/3 vs chi2(5)",
+        n=n,
+        df=5.0,
+        bins=6,
+        multi_token_mass=0.04,
+        mde_tv=float(np.sqrt(30.0 / (4 * n))),
+        alpha=alpha,
+        adjusted_pvalue=min(1.0, pvalue * 20),
+        grade=grade,
+        scenario=scenario,
+        position=position,
+        details=extra,
     )
 
 
@@ -49,9 +68,15 @@ def _passing_results(count=12, seed=1):
 
 def _scenarios():
     return (
-        {"name": "cat_v8", "vocab_size": 8, "k": 2, "n": 4000, "seed": 11,
-         "target_probs_preview": [0.4, 0.15, 0.06, 0.25, 0.04, 0.1, 0.0, 0.0],
-         "draft_probs_preview": [[0.1] * 8, [0.2, 0.2, 0.2, 0.2, 0.05, 0.05, 0.05, 0.05]]},
+        {
+            "name": "cat_v8",
+            "vocab_size": 8,
+            "k": 2,
+            "n": 4000,
+            "seed": 11,
+            "target_probs_preview": [0.4, 0.15, 0.06, 0.25, 0.04, 0.1, 0.0, 0.0],
+            "draft_probs_preview": [[0.1] * 8, [0.2, 0.2, 0.2, 0.2, 0.05, 0.05, 0.05, 0.05]],
+        },
         {"name": "cat_v16", "vocab_size": 16, "k": 4, "n": 8000, "seed": 12},
         {"name": "cat_v24", "vocab_size": 24, "k": 4, "n": 8000, "sampling_seed": 13},
     )
@@ -59,30 +84,57 @@ def _scenarios():
 
 def _acceptance():
     return {
-        "cat_v8": [{"position": i + 1, "observed_rate": 0.61 - 0.02 * i, "expected_rate": 0.6 - 0.02 * i,
-                    "n": 4000 - 1000 * i} for i in range(2)],
-        "cat_v16": {"positions": [{"position": 1, "observed_rate": 0.7, "expected_rate": 0.7, "n": 8000}],
-                    "length_counts": [2400, 1800, 1300, 900, 1600],
-                    "length_probs": [0.3, 0.22, 0.16, 0.12, 0.2]},
+        "cat_v8": [
+            {"position": i + 1, "observed_rate": 0.61 - 0.02 * i, "expected_rate": 0.6 - 0.02 * i, "n": 4000 - 1000 * i}
+            for i in range(2)
+        ],
+        "cat_v16": {
+            "positions": [{"position": 1, "observed_rate": 0.7, "expected_rate": 0.7, "n": 8000}],
+            "length_counts": [2400, 1800, 1300, 900, 1600],
+            "length_probs": [0.3, 0.22, 0.16, 0.12, 0.2],
+        },
     }
 
 
-def make_report(verdict="pass", *, errors=(), details=True, implementation="mypkg.mod:verify", results=None,
-                command=""):
+def make_report(
+    verdict="pass", *, errors=(), details=True, implementation="mypkg.mod:verify", results=None, command=""
+):
     results = list(results if results is not None else _passing_results())
     if verdict == "suspicious":
         results.append(_gof("cat_v16", "abs=2", 2e-5, "suspicious", details=details, seed=99))
     if verdict == "fail":
         results.append(_gof("cat_v24", "abs=1", 1e-30, "fail", n=8000, details=details, seed=98))
         results.append(_gof("cat_v8", "abs=3", 1e-12, "fail", n=3000, details=details, seed=97))
-        results.append(TestResult(0.0, 0.0, "support", "support", "zero-probability tokens emitted", 3000,
-                                  alpha=1e-4, adjusted_pvalue=0.0, grade="fail", scenario="cat_v8",
-                                  position="abs=2", details={"tokens": [6, 7]}))
+        results.append(
+            TestResult(
+                0.0,
+                0.0,
+                "support",
+                "support",
+                "zero-probability tokens emitted",
+                3000,
+                alpha=1e-4,
+                adjusted_pvalue=0.0,
+                grade="fail",
+                scenario="cat_v8",
+                position="abs=2",
+                details={"tokens": [6, 7]},
+            )
+        )
     return Report(
-        kind="verifier", implementation=implementation, tier="smoke", seed=1234, alpha=1e-3, verdict=verdict,
-        results=tuple(results), errors=tuple(errors), scenarios=_scenarios(),
-        timings={"cat_v8": 1.25, "total": 7.5}, environment={"specverify": "0.1.0", "python": "3.11"},
-        extra={"acceptance": _acceptance(), "efficiency": {"tokens_per_pass": 2.4}}, command=command,
+        kind="verifier",
+        implementation=implementation,
+        tier="smoke",
+        seed=1234,
+        alpha=1e-3,
+        verdict=verdict,
+        results=tuple(results),
+        errors=tuple(errors),
+        scenarios=_scenarios(),
+        timings={"cat_v8": 1.25, "total": 7.5},
+        environment={"specverify": "0.1.0", "python": "3.11"},
+        extra={"acceptance": _acceptance(), "efficiency": {"tokens_per_pass": 2.4}},
+        command=command,
     )
 
 
@@ -205,7 +257,7 @@ def test_markdown_fail_leads_with_errors_and_minimal_counterexample():
     assert "scenario `cat_v8`, position `abs=3`" in section
     assert "Target law p: \\[0.4, 0.15, 0.06, 0.25, 0.04, 0.1, 0, 0\\] (V=8)" in section
     assert "row 1: \\[0.2, 0.2, 0.2, 0.2, 0.05, 0.05, 0.05, 0.05\\] (V=8)" in section
-    first_row = section[section.index("| bin (tokens)"):].splitlines()[2]
+    first_row = section[section.index("| bin (tokens)") :].splitlines()[2]
     assert first_row.startswith("| 3 |")  # the planted -300 on token 3 (expected 750) is the largest residual
     failing_rows = [line for line in md[table:].splitlines() if "**FAIL**" in line]
     assert len(failing_rows) == 3 and md[table:].index("**FAIL**") < md[table:].index("| pass |")
@@ -213,7 +265,7 @@ def test_markdown_fail_leads_with_errors_and_minimal_counterexample():
 
 def test_markdown_counterexample_without_details():
     md = render_markdown(make_report("fail", details=False))
-    section = md[md.index("## Minimal counterexample"):md.index("## Reproduce")]
+    section = md[md.index("## Minimal counterexample") : md.index("## Reproduce")]
     assert "recorded no per-bin counts" in section
     assert "`support/support` at scenario `cat_v8`" in section  # same scenario size and N: smallest p wins
     assert "Emitted tokens with target probability 0: `[6, 7]`" in section
@@ -239,10 +291,20 @@ def test_markdown_escapes_and_handles_empty_report():
 
 
 def test_rendering_tolerates_nonfinite_and_malformed_fields():
-    r = _gof("s", "p", float("nan"), "pass").replace(adjusted_pvalue="nan", mde_tv="inf",
-                                                     details={"observed": [1, 2], "expected": [1]})
-    report = Report("verifier", "x", "smoke", 0, 1e-3, "pass", results=(r, _gof("s", "q", 0.5, "pass")),
-                    scenarios=("not a dict",), extra={"acceptance": {"s": "garbage"}})
+    r = _gof("s", "p", float("nan"), "pass").replace(
+        adjusted_pvalue="nan", mde_tv="inf", details={"observed": [1, 2], "expected": [1]}
+    )
+    report = Report(
+        "verifier",
+        "x",
+        "smoke",
+        0,
+        1e-3,
+        "pass",
+        results=(r, _gof("s", "q", 0.5, "pass")),
+        scenarios=("not a dict",),
+        extra={"acceptance": {"s": "garbage"}},
+    )
     assert "nan" in render_markdown(report)
     assert "<!DOCTYPE html>" in render_html(report, plots=True)
 
@@ -281,7 +343,7 @@ def test_html_content_order_and_all_rows(fail_html):
     report, page = fail_html
     order = [page.index(h) for h in ("Implementation errors (1)", "Minimal counterexample", "Tests, worst first")]
     assert order == sorted(order)
-    assert page.count("<tr class=\"g-fail\">") == 3
+    assert page.count('<tr class="g-fail">') == 3
     assert page.count("<td>gof</td>") + page.count("<td>support</td>") >= len(report.results)
 
 
@@ -296,7 +358,8 @@ def test_html_handles_many_bins_and_many_tests():
     expected = rng.dirichlet(np.ones(3000)) * 1e6
     observed = rng.poisson(expected).astype(float)
     big = _gof("big_v3000", "abs=1", 1e-9, "fail", n=10**6).replace(
-        details={"observed": observed.tolist(), "expected": expected.tolist()})
+        details={"observed": observed.tolist(), "expected": expected.tolist()}
+    )
     results = _passing_results(count=400, seed=8) + [big]
     page = render_html(make_report("fail", results=results), plots=True)
     assert 'alt="Counts: gof at big_v3000/abs=1"' in page  # its histogram was drawn (line mode)
@@ -339,31 +402,76 @@ def _efficiency_extra(draft_costs=(0.05,), latency=True):
     """``extra["efficiency"]`` shaped as :func:`specverify.drafter.acceptance.efficiency_section` writes it."""
     rates = [0.9085, 0.9081, 0.9092, 0.9074]
     drafted = [17453, 15856, 14399, 13092]
-    positions = [{"position": i + 1, "drafted": drafted[i], "accepted": round(drafted[i] * rates[i]),
-                  "observed_rate": rates[i], "ci_low": rates[i] - 0.0044, "ci_high": rates[i] + 0.0043,
-                  "expected_rate": 0.9112 if i == 0 else 0.9077} for i in range(4)]
-    curve = [1.8176, 2.4850, 3.0293, 3.4703, 3.8256, 4.1096, 4.3341, 4.5090, 4.6423, 4.7409, 4.8105, 4.8557,
-             4.8807, 4.8887, 4.8826, 4.8649]
+    positions = [
+        {
+            "position": i + 1,
+            "drafted": drafted[i],
+            "accepted": round(drafted[i] * rates[i]),
+            "observed_rate": rates[i],
+            "ci_low": rates[i] - 0.0044,
+            "ci_high": rates[i] + 0.0043,
+            "expected_rate": 0.9112 if i == 0 else 0.9077,
+        }
+        for i in range(4)
+    ]
+    curve = [
+        1.8176,
+        2.4850,
+        3.0293,
+        3.4703,
+        3.8256,
+        4.1096,
+        4.3341,
+        4.5090,
+        4.6423,
+        4.7409,
+        4.8105,
+        4.8557,
+        4.8807,
+        4.8887,
+        4.8826,
+        4.8649,
+    ]
     speedup = []
     for cost in draft_costs:
-        block = {"draft_cost": cost, "best_k": 14, "best_speedup": 4.8887, "speedup_at_audited_k": 3.4703,
-                 "speedups": curve}
+        block = {
+            "draft_cost": cost,
+            "best_k": 14,
+            "best_speedup": 4.8887,
+            "speedup_at_audited_k": 3.4703,
+            "speedups": curve,
+        }
         if latency:
             block.update(seconds_per_token_at_best_k=0.000977, seconds_per_token_at_audited_k=0.0013763)
         speedup.append(block)
     section = {
-        "k": 4, "ci_level": 0.95, "rounds": 17453, "tokens_generated": 72680, "tokens_kept": 64000,
-        "positions": positions, "mean_accepted": 3.164327, "mean_accepted_ci": [3.143952, 3.184702],
-        "expected_mean_accepted": 3.165786, "tokens_per_target_pass": 4.164327,
-        "expected_tokens_per_target_pass": 4.165786, "target_passes_per_token": 1 / 4.164327,
-        "target_passes_per_kept_token": 0.272703, "length_counts": [1597, 1457, 1307, 1212, 11880],
-        "length_probs": [0.0891, 0.0833, 0.0766, 0.0695, 0.6815], "model_note": "speedup = E[tokens] / (c K + 1)",
+        "k": 4,
+        "ci_level": 0.95,
+        "rounds": 17453,
+        "tokens_generated": 72680,
+        "tokens_kept": 64000,
+        "positions": positions,
+        "mean_accepted": 3.164327,
+        "mean_accepted_ci": [3.143952, 3.184702],
+        "expected_mean_accepted": 3.165786,
+        "tokens_per_target_pass": 4.164327,
+        "expected_tokens_per_target_pass": 4.165786,
+        "target_passes_per_token": 1 / 4.164327,
+        "target_passes_per_kept_token": 0.272703,
+        "length_counts": [1597, 1457, 1307, 1212, 11880],
+        "length_probs": [0.0891, 0.0833, 0.0766, 0.0695, 0.6815],
+        "model_note": "speedup = E[tokens] / (c K + 1)",
         "speedup": speedup,
     }
     if latency:
-        section["latency"] = {"model_params": 8e9, "bytes_per_param": 2.0, "bandwidth_bytes_per_s": 3.35e12,
-                              "target_pass_seconds": 0.0047761, "plain_decoding_seconds_per_token": 0.0047761,
-                              "note": "memory-bound lower bound: one target pass reads every weight once"}
+        section["latency"] = {
+            "model_params": 8e9,
+            "bytes_per_param": 2.0,
+            "bandwidth_bytes_per_s": 3.35e12,
+            "target_pass_seconds": 0.0047761,
+            "plain_decoding_seconds_per_token": 0.0047761,
+            "note": "memory-bound lower bound: one target pass reads every weight once",
+        }
     return section
 
 
@@ -371,17 +479,25 @@ def make_drafter_report(*, efficiency=None, diagnosis=None, verdict="pass", **ex
     eff = _efficiency_extra() if efficiency is None else efficiency
     diag = {"culprit": None, "message": "no failure"} if diagnosis is None else diagnosis
     return Report(
-        kind="drafter", implementation="pkg:my_drafter", tier="smoke", seed=0, alpha=1e-3, verdict=verdict,
-        results=tuple(_passing_results(count=6)), scenarios=_scenarios(), timings={"total": 3.0},
+        kind="drafter",
+        implementation="pkg:my_drafter",
+        tier="smoke",
+        seed=0,
+        alpha=1e-3,
+        verdict=verdict,
+        results=tuple(_passing_results(count=6)),
+        scenarios=_scenarios(),
+        timings={"total": 3.0},
         extra={"k": 4, "tier_plan": {"num_prompts": 2}, "efficiency": eff, "diagnosis": diag, **extra},
     )
 
 
 DRAFTER_CULPRIT = {
-    "culprit": "drafter", "failed_tests": ["consistency_gof@draft=1", "consistency_pit@draft=2"],
+    "culprit": "drafter",
+    "failed_tests": ["consistency_gof@draft=1", "consistency_pit@draft=2"],
     "message": "the drafter's samples do not follow its reported q (failed: consistency_gof@draft=1, "
-               "consistency_pit@draft=2); speculative sampling is lossless only when q is the law the drafts "
-               "were drawn from",
+    "consistency_pit@draft=2); speculative sampling is lossless only when q is the law the drafts "
+    "were drawn from",
 }
 
 
@@ -391,7 +507,7 @@ def test_drafter_report_leads_with_diagnosis_after_the_verdict(fmt):
     page = render_markdown(report) if fmt == "markdown" else render_html(report, plots=False)
     verdict, diag = page.index("FAIL: the implementation"), page.index("Diagnosis: the culprit is the drafter.")
     assert verdict < diag < page.index("Reproduce") < page.index("Tests, worst first")
-    assert "The drafter" in page[diag:] and "do not follow its reported q" in page[diag:page.index("Reproduce")]
+    assert "The drafter" in page[diag:] and "do not follow its reported q" in page[diag : page.index("Reproduce")]
     assert "Failing tests" not in page  # the message already names both failing tests
 
 
@@ -403,12 +519,29 @@ def test_drafter_report_renders_efficiency_section(fmt):
     section = page[start:end]
     assert "Diagnosis: no culprit." in page and "No test failed" in page
     # per-position acceptance with its interval and exact rate
-    for text in ("17,453", "0.9085", "[0.9041, 0.9128]" if fmt == "html" else r"\[0.9041, 0.9128\]", "0.9112",
-                 "95% CI", "exact inside CI"):
+    for text in (
+        "17,453",
+        "0.9085",
+        "[0.9041, 0.9128]" if fmt == "html" else r"\[0.9041, 0.9128\]",
+        "0.9112",
+        "95% CI",
+        "exact inside CI",
+    ):
         assert text in section, text
     # accepted length, tokens per pass, passes per token, each with CI and exact value
-    for text in ("mean accepted length", "3.164", "3.144", "3.185", "3.166", "tokens per target pass", "4.164",
-                 "4.166", "target passes per token", "0.2401", "target passes per kept token"):
+    for text in (
+        "mean accepted length",
+        "3.164",
+        "3.144",
+        "3.185",
+        "3.166",
+        "tokens per target pass",
+        "4.164",
+        "4.166",
+        "target passes per token",
+        "0.2401",
+        "target passes per kept token",
+    ):
         assert text in section, text
     # the speedup curve for both costs, best K marked, audited K labelled; latency
     assert "c=0.01" in section and "c=0.05" in section and "4 (audited)" in section
@@ -417,7 +550,7 @@ def test_drafter_report_renders_efficiency_section(fmt):
     assert "at the audited K=4: 3.470x, 1.38 ms per token" in section
     assert "plain decoding 4.78 ms" in section and "8B parameters" in section
     # rendered keys are not repeated as JSON; other extra keys still are
-    other = page[page.index("Other sections"):]
+    other = page[page.index("Other sections") :]
     assert "tier_plan" in other and "num_prompts" in other
     assert "efficiency" not in other and "diagnosis" not in other and "mean_accepted" not in other
 
@@ -426,17 +559,25 @@ def test_efficiency_section_without_latency_or_positions():
     eff = _efficiency_extra(latency=False)
     del eff["positions"]
     md = render_markdown(make_drafter_report(efficiency=eff))
-    section = md[md.index("## Efficiency"):md.index("## Scenarios")]
+    section = md[md.index("## Efficiency") : md.index("## Scenarios")]
     assert "Memory-bound" not in section and "per token)" not in section
     assert "Acceptance per in-block position" not in section
     assert "best K=14 (4.889x)" in section and "mean accepted length" in section
 
 
 BAD_EFFICIENCY = [
-    "garbage", 3.5, [], {}, {"tokens_per_pass": 2.4}, {"positions": "x", "speedup": "y", "latency": 7},
-    {"positions": [None, {"observed_rate": "nan"}, {"observed_rate": None}], "mean_accepted": "inf",
-     "speedup": [{"draft_cost": "x", "speedups": [1.0]}, {"draft_cost": 0.1, "speedups": "no"}],
-     "latency": {"target_pass_seconds": -1.0}},
+    "garbage",
+    3.5,
+    [],
+    {},
+    {"tokens_per_pass": 2.4},
+    {"positions": "x", "speedup": "y", "latency": 7},
+    {
+        "positions": [None, {"observed_rate": "nan"}, {"observed_rate": None}],
+        "mean_accepted": "inf",
+        "speedup": [{"draft_cost": "x", "speedups": [1.0]}, {"draft_cost": 0.1, "speedups": "no"}],
+        "latency": {"target_pass_seconds": -1.0},
+    },
 ]
 
 
@@ -456,7 +597,7 @@ def test_partly_malformed_efficiency_renders_what_it_can():
     eff["speedup"].append({"draft_cost": 0.5, "best_k": "x", "speedups": [1.2, 1.1]})
     eff["latency"]["model_params"] = "big"
     md = render_markdown(make_drafter_report(efficiency=eff))
-    section = md[md.index("## Efficiency"):md.index("## Scenarios")]
+    section = md[md.index("## Efficiency") : md.index("## Scenarios")]
     assert "| 1 | 17,453 |" in section and "| 2 | 15,856 |" not in section
     assert "| 3 | 14,399 | 13,092 | 0.9092 | — | 0.9077 | — |" in section
     assert "| mean accepted length (drafts accepted per block) | 3.164 | — | 3.166 |" in section
@@ -464,8 +605,15 @@ def test_partly_malformed_efficiency_renders_what_it_can():
     assert "Memory-bound latency per token (2 bytes each, 3.35 TB/s)" in section
 
 
-BAD_DIAGNOSIS = ["drafter", 7, [], {}, {"culprit": 3, "message": "x"}, {"culprit": "drafter", "message": None},
-                 {"culprit": None, "message": ""}]
+BAD_DIAGNOSIS = [
+    "drafter",
+    7,
+    [],
+    {},
+    {"culprit": 3, "message": "x"},
+    {"culprit": "drafter", "message": None},
+    {"culprit": None, "message": ""},
+]
 
 
 @pytest.mark.parametrize("bad", BAD_DIAGNOSIS, ids=range(len(BAD_DIAGNOSIS)))
@@ -483,8 +631,12 @@ def test_reports_without_drafter_keys_are_unchanged():
 
 def test_diagnosis_lists_failures_its_message_does_not_name():
     tests = [f"gof@pipeline:prompt{i}/node=d1:{j}" for i in range(2) for j in range(10)]
-    diag = {"culprit": "verifier", "message": "the drafter is consistent but the pipeline's output law is not the "
-            "target's: the verifier (or its wiring) is lossy", "failed_tests": tests}
+    diag = {
+        "culprit": "verifier",
+        "message": "the drafter is consistent but the pipeline's output law is not the "
+        "target's: the verifier (or its wiring) is lossy",
+        "failed_tests": tests,
+    }
     md = render_markdown(make_drafter_report(diagnosis=diag, verdict="fail"))
     assert "**Diagnosis: the culprit is the verifier (or its wiring).** The drafter is consistent" in md
     assert "Failing tests (20):" in md and "`gof@pipeline:prompt0/node=d1:0`" in md and "and 8 more." in md
@@ -513,20 +665,26 @@ def test_drafter_sections_escape_everything():
 def test_duration_and_count_formatting():
     from specverify.report.drafter import fmt_count, fmt_seconds
 
-    assert [fmt_seconds(x) for x in (2.5, 0.0047761, 0.000977, 3e-9, "nan", None)] == \
-        ["2.5 s", "4.78 ms", "977 µs", "3 ns", "nan", "—"]
+    assert [fmt_seconds(x) for x in (2.5, 0.0047761, 0.000977, 3e-9, "nan", None)] == [
+        "2.5 s",
+        "4.78 ms",
+        "977 µs",
+        "3 ns",
+        "nan",
+        "—",
+    ]
     assert [fmt_count(x) for x in (8e9, 1.3e8, 7e12, 1234, None)] == ["8B", "130M", "7T", "1,234", "—"]
 
 
 @pytest.mark.slow
 def test_real_drafter_audit_renders_its_sections(tmp_path):
-    from specverify.drafter import audit_drafter
     from specverify.cli.factories import table_target, zoo_drafter
+    from specverify.drafter import audit_drafter
 
     report = audit_drafter(zoo_drafter(name="noisy"), table_target(), draft_cost=0.05, model_params=8e9)
     md = render_markdown(report)
     assert "**Diagnosis: no culprit.**" in md
-    section = md[md.index("## Efficiency"):md.index("## Acceptance vs its exact expectation")]
+    section = md[md.index("## Efficiency") : md.index("## Acceptance vs its exact expectation")]
     assert "| 4 (audited) |" in section and "Memory-bound latency per token (8B parameters" in section
     assert "best K=" in section and "95% CI" in section
     assert "<h2>Efficiency</h2>" in render_html(report, plots=False)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _strategies import normalise, pooled_chisquare, weight_rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _strategies import normalise, pooled_chisquare, weight_rows
 from reference.rules import check_verifier_inputs, greedy_verify, residual_weights, verify
 from reference.sampling import sample, uniform
 from specverify.core import exact
@@ -252,4 +252,6 @@ def test_residual_weights_and_input_check():
     draft = torch.tensor([0.2, 0.5, 0.3], dtype=torch.float32)
     w = residual_weights(target, draft)
     assert w.dtype == torch.float64 and torch.allclose(w, torch.tensor([0.3, 0.0, 0.0], dtype=torch.float64))
-    assert check_verifier_inputs(torch.ones(2, 4, 3) / 3, torch.ones(2, 3, 3) / 3, torch.zeros(2, 3, dtype=torch.long)) == (2, 3, 3)
+    assert check_verifier_inputs(
+        torch.ones(2, 4, 3) / 3, torch.ones(2, 3, 3) / 3, torch.zeros(2, 3, dtype=torch.long)
+    ) == (2, 3, 3)

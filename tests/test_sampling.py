@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _strategies import pooled_chisquare, prob_rows, weight_rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import reference.sampling as sampling
-from _strategies import pooled_chisquare, prob_rows, weight_rows
 from reference.sampling import sample
 
 ALPHA = 1e-7
@@ -102,7 +102,11 @@ def test_extreme_uniforms(monkeypatch):
         dtype=torch.float32,
     )
     for u_value, expected in [(0.0, [1, 0, 3, 0]), (1.0 - 2**-53, [2, 2, 3, 2])]:
-        monkeypatch.setattr(sampling, "uniform", lambda shape, *, generator, device=None: torch.full(shape, u_value, dtype=torch.float64))
+        monkeypatch.setattr(
+            sampling,
+            "uniform",
+            lambda shape, *, generator, device=None, u_value=u_value: torch.full(shape, u_value, dtype=torch.float64),
+        )
         for chunk in (1, 1 << 14):  # serial chunks of one row, and one chunk
             monkeypatch.setattr(sampling, "CPU_CHUNK_ELEMENTS", chunk)
             assert sample(rows, generator=torch.Generator()).tolist() == expected

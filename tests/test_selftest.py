@@ -26,14 +26,14 @@ from scipy import stats as st
 
 import specverify.selftest as selftest
 from specverify import mutants
-from specverify.selftest.lr_limit import bernoulli_lr_samples_needed, lr_samples_needed
 from specverify.core.errors import InvalidArgument
 from specverify.mutants import CatalogueEntry
-from specverify.verifier.scenarios import get_scenarios
 from specverify.selftest.calibration import clopper_pearson
+from specverify.selftest.lr_limit import bernoulli_lr_samples_needed, lr_samples_needed
 from specverify.selftest.plan import MUTANT_SCENARIOS, equivalent_scenarios, mutant_scenarios
 from specverify.selftest.render import MATRIX_COLUMNS, render_markdown, render_text
 from specverify.selftest.verifiers import scaled_scenario
+from specverify.verifier.scenarios import get_scenarios
 
 SCENARIO = "pos8_uniform_k4"
 
@@ -41,8 +41,9 @@ SCENARIO = "pos8_uniform_k4"
 def _planted():
     canonical = mutants.by_name("canonical").fn
     lossy = mutants.by_name("always_accept").fn
-    fake_mutant = CatalogueEntry("planted_correct", "verifier", canonical, "the canonical rule posing as a mutant",
-                                 "test", needs="any")
+    fake_mutant = CatalogueEntry(
+        "planted_correct", "verifier", canonical, "the canonical rule posing as a mutant", "test", needs="any"
+    )
     fake_variant = CatalogueEntry("planted_lossy", "equivalent", lossy, "always_accept posing as a variant", "test")
     return fake_mutant, fake_variant
 
@@ -51,10 +52,15 @@ def _planted():
 def small_result():
     fake_mutant, fake_variant = _planted()
     return selftest.run_selftest(
-        "smoke", 0,
+        "smoke",
+        0,
         verifiers=[mutants.by_name("always_accept"), mutants.by_name("residual_is_p"), fake_mutant],
         equivalents=[mutants.by_name("accept_le"), fake_variant],
-        scenarios=[SCENARIO], decoders=False, drafters=False, lr=True, lr_rows=2048,
+        scenarios=[SCENARIO],
+        decoders=False,
+        drafters=False,
+        lr=True,
+        lr_rows=2048,
         calibration_options=dict(seeds=2, rows=256, scenarios=[SCENARIO]),
     )
 
@@ -86,15 +92,20 @@ def test_killed_and_survived_bookkeeping(small_result):
 
 def test_samples_needed_is_monotone_in_the_deviation(small_result):
     # always_accept (output = q, TV ~0.5) dies with fewer samples than residual_is_p
-    assert _row(small_result, "always_accept")["samples_needed"] <= _row(small_result, "residual_is_p")["samples_needed"]
+    assert (
+        _row(small_result, "always_accept")["samples_needed"] <= _row(small_result, "residual_is_p")["samples_needed"]
+    )
 
 
 def test_lr_limit_rows(small_result):
     for name in ("always_accept", "residual_is_p"):
         row = _row(small_result, name)
         lr = row["lr"]
-        assert lr["n_lr_tokens"] > 0 and lr["stratum"] and row["lr_ratio"] == pytest.approx(
-            row["samples_needed"] / lr["n_lr_tokens"])
+        assert (
+            lr["n_lr_tokens"] > 0
+            and lr["stratum"]
+            and row["lr_ratio"] == pytest.approx(row["samples_needed"] / lr["n_lr_tokens"])
+        )
     assert _row(small_result, "accept_le")["lr"] is None
 
 
@@ -141,9 +152,15 @@ def test_json_output_parses(small_result, monkeypatch):
 
 
 def test_markdown_matrix_has_the_columns(small_result, monkeypatch, tmp_path):
-    peers = tuple({"name": r["name"], "kind": r["kind"], "caught": {"chi2_10sigma": r["killed"]},
-                   "results": {"chi2_10sigma": {"passed": not r["killed"], "samples": 400000, "seconds": 1.0}}}
-                  for r in small_result.rows)
+    peers = tuple(
+        {
+            "name": r["name"],
+            "kind": r["kind"],
+            "caught": {"chi2_10sigma": r["killed"]},
+            "results": {"chi2_10sigma": {"passed": not r["killed"], "samples": 400000, "seconds": 1.0}},
+        }
+        for r in small_result.rows
+    )
     result = dataclasses.replace(small_result, peers=peers)
     monkeypatch.setattr(selftest, "run_selftest", lambda **kw: result)
     path = tmp_path / "matrix.md"
@@ -246,10 +263,15 @@ def test_lr_limit_stratified_and_support():
     assert lim.n <= lim.n_support
 
 
-@pytest.mark.parametrize("kwargs", [dict(null_probs=[0.5, 0.5], alt_probs=[0.2, 0.3, 0.5]),
-                                    dict(null_probs=[-0.1, 1.1], alt_probs=[0.5, 0.5]),
-                                    dict(null_probs=[0.5, 0.5], alt_probs=[0.5, 0.5], alpha=0.0),
-                                    dict(null_probs=[[0.5, 0.5]], alt_probs=[[0.5, 0.5]], weights=[1, 2])])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(null_probs=[0.5, 0.5], alt_probs=[0.2, 0.3, 0.5]),
+        dict(null_probs=[-0.1, 1.1], alt_probs=[0.5, 0.5]),
+        dict(null_probs=[0.5, 0.5], alt_probs=[0.5, 0.5], alpha=0.0),
+        dict(null_probs=[[0.5, 0.5]], alt_probs=[[0.5, 0.5]], weights=[1, 2]),
+    ],
+)
 def test_lr_limit_rejects_bad_input(kwargs):
     with pytest.raises(InvalidArgument):
         lr_samples_needed(**kwargs)

@@ -28,7 +28,7 @@ References: transformers ``generation/utils.py`` (``_assisted_decoding``,
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -135,8 +135,17 @@ class HFTarget:
         for tiny models on a loaded machine.  None leaves the setting alone.
     """
 
-    def __init__(self, model, *, temperature=1.0, top_k=0, top_p=1.0, min_p=None, suppress_tokens: Sequence[int] = (),
-                 num_threads: int | None = None):
+    def __init__(
+        self,
+        model,
+        *,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        min_p=None,
+        suppress_tokens: Sequence[int] = (),
+        num_threads: int | None = None,
+    ):
         self.model = model.eval()
         self.num_threads = _check_threads(num_threads)
         self.options = _sampling_options(temperature, top_k, top_p, min_p, suppress_tokens)
@@ -220,15 +229,28 @@ class HFAssistedDecoder:
         torch intra-op threads while generating (restored afterwards); None leaves it alone.
     """
 
-    def __init__(self, model, assistant, *, k: int = 4, temperature=1.0, top_k=0, top_p=1.0, min_p=None,
-                 assistant_ensemble_weight: float | None = None, num_threads: int | None = None):
+    def __init__(
+        self,
+        model,
+        assistant,
+        *,
+        k: int = 4,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        min_p=None,
+        assistant_ensemble_weight: float | None = None,
+        num_threads: int | None = None,
+    ):
         self.model = model.eval()
         self.num_threads = _check_threads(num_threads)
         self.assistant = assistant.eval()
         self.k = check_int("k", k, minimum=1)
         self.vocab_size = _vocab_size(model)
         if _vocab_size(assistant) != self.vocab_size:
-            raise InvalidArgument(f"assistant vocabulary {_vocab_size(assistant)} != target vocabulary {self.vocab_size}")
+            raise InvalidArgument(
+                f"assistant vocabulary {_vocab_size(assistant)} != target vocabulary {self.vocab_size}"
+            )
         eos = getattr(model.generation_config, "eos_token_id", None)
         eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
         self.options = _sampling_options(temperature, top_k, top_p, min_p, eos)
@@ -242,8 +264,10 @@ class HFAssistedDecoder:
             if not 0.0 < weight < 1.0:
                 raise InvalidArgument(f"assistant_ensemble_weight must be in (0, 1), got {assistant_ensemble_weight!r}")
             if "assistant_ensemble_weight" not in KERNEL_PARAMETERS:
-                raise InvalidArgument(f"assistant_ensemble_weight={weight!r}, but transformers {TRANSFORMERS_VERSION} "
-                                      "has no ensemble verification")
+                raise InvalidArgument(
+                    f"assistant_ensemble_weight={weight!r}, but transformers {TRANSFORMERS_VERSION} "
+                    "has no ensemble verification"
+                )
             extra["assistant_ensemble_weight"] = weight
         self.assistant_ensemble_weight = assistant_ensemble_weight
         o = self.options
@@ -261,14 +285,23 @@ class HFAssistedDecoder:
         self.device = next(model.parameters()).device
 
     def __repr__(self) -> str:
-        return (f"HFAssistedDecoder(k={self.k}, V={self.vocab_size}, {self.options}, ensemble="
-                f"{self.assistant_ensemble_weight!r}; transformers {TRANSFORMERS_VERSION})")
+        return (
+            f"HFAssistedDecoder(k={self.k}, V={self.vocab_size}, {self.options}, ensemble="
+            f"{self.assistant_ensemble_weight!r}; transformers {TRANSFORMERS_VERSION})"
+        )
 
     def target(self) -> HFTarget:
         """The target adapter with exactly the processors this decoder samples under."""
         o = self.options
-        return HFTarget(self.model, temperature=o["temperature"], top_k=o["top_k"], top_p=o["top_p"],
-                        min_p=o["min_p"], suppress_tokens=o["suppress_tokens"], num_threads=self.num_threads)
+        return HFTarget(
+            self.model,
+            temperature=o["temperature"],
+            top_k=o["top_k"],
+            top_p=o["top_p"],
+            min_p=o["min_p"],
+            suppress_tokens=o["suppress_tokens"],
+            num_threads=self.num_threads,
+        )
 
     def generate(self, prompt: torch.Tensor, *, num_samples: int, max_new_tokens: int, seed: int) -> torch.Tensor:
         """Draw ``num_samples`` independent continuations of ``prompt`` (T,) -> (N, max_new_tokens) long.
@@ -293,12 +326,17 @@ class HFAssistedDecoder:
             for i, sample_seed in enumerate(seeds):
                 reseed(sample_seed)
                 try:
-                    seq = self.model.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=self.assistant,
-                                              generation_config=config)
+                    seq = self.model.generate(
+                        ids,
+                        attention_mask=torch.ones_like(ids),
+                        assistant_model=self.assistant,
+                        generation_config=config,
+                    )
                 except Exception as exc:
                     raise ImplementationError(
                         f"transformers {TRANSFORMERS_VERSION} assisted generate raised on sample {i}: "
-                        f"{type(exc).__name__}: {exc}", row=i
+                        f"{type(exc).__name__}: {exc}",
+                        row=i,
                     ) from exc
                 self._check_sequence(seq, ids, i, max_new_tokens)
                 out[i] = seq[0, T:].cpu()
@@ -317,28 +355,63 @@ class HFAssistedDecoder:
         bad = (new < 0) | (new >= self.vocab_size)
         if bool(bad.any()):
             raise ImplementationError(
-                f"assisted generate emitted token {int(new[bad][0])} on sample {i}, outside [0, {self.vocab_size})", row=i
+                f"assisted generate emitted token {int(new[bad][0])} on sample {i}, outside [0, {self.vocab_size})",
+                row=i,
             )
 
 
-def tiny_assisted_decoder(*, vocab_size: int = 32, k: int = 4, temperature: float = 1.0, top_k: int = 0,
-                          top_p: float = 1.0, min_p: float | None = None, seed: int = 0, assistant_layers: int = 1,
-                          assistant_noise: float = 0.0, assistant_ensemble_weight: float | None = None,
-                          num_threads: int | None = 1) -> HFAssistedDecoder:
+def tiny_assisted_decoder(
+    *,
+    vocab_size: int = 32,
+    k: int = 4,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float | None = None,
+    seed: int = 0,
+    assistant_layers: int = 1,
+    assistant_noise: float = 0.0,
+    assistant_ensemble_weight: float | None = None,
+    num_threads: int | None = 1,
+) -> HFAssistedDecoder:
     """Assisted generation on the tiny Llama pair of :func:`tiny_llama_pair` (offline).
 
     The target is a 2-layer random Llama, the assistant its first layer(s); same
     ``seed`` and ``vocab_size`` give the same weights as :func:`tiny_target`.
     Runs single-threaded by default (fastest for models this small; restored after each call).
     """
-    target, assistant = tiny_llama_pair(vocab_size=vocab_size, assistant_layers=assistant_layers,
-                                        assistant_noise=assistant_noise, seed=seed)
-    return HFAssistedDecoder(target, assistant, k=k, temperature=temperature, top_k=top_k, top_p=top_p,
-                             min_p=min_p, assistant_ensemble_weight=assistant_ensemble_weight, num_threads=num_threads)
+    target, assistant = tiny_llama_pair(
+        vocab_size=vocab_size, assistant_layers=assistant_layers, assistant_noise=assistant_noise, seed=seed
+    )
+    return HFAssistedDecoder(
+        target,
+        assistant,
+        k=k,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        assistant_ensemble_weight=assistant_ensemble_weight,
+        num_threads=num_threads,
+    )
 
 
-def tiny_target(*, vocab_size: int = 32, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                min_p: float | None = None, seed: int = 0, num_threads: int | None = 1) -> HFTarget:
+def tiny_target(
+    *,
+    vocab_size: int = 32,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float | None = None,
+    seed: int = 0,
+    num_threads: int | None = 1,
+) -> HFTarget:
     """Exact processed conditionals of the tiny target of :func:`tiny_assisted_decoder` (same ``seed``)."""
-    return HFTarget(tiny_llama(vocab_size=vocab_size, seed=seed), temperature=temperature, top_k=top_k,
-                    top_p=top_p, min_p=min_p, num_threads=num_threads)
+    return HFTarget(
+        tiny_llama(vocab_size=vocab_size, seed=seed),
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        num_threads=num_threads,
+    )

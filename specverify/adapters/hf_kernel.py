@@ -67,9 +67,13 @@ def _inspect_kernel():
     version = transformers.__version__
     kernel = getattr(_hf_utils, "_speculative_sampling", None)
     if kernel is None:
-        return None, (), (
-            f"transformers {version} has no transformers.generation.utils._speculative_sampling; "
-            "the HF verifier adapter supports the kernel of transformers 4.40 .. 5.x"
+        return (
+            None,
+            (),
+            (
+                f"transformers {version} has no transformers.generation.utils._speculative_sampling; "
+                "the HF verifier adapter supports the kernel of transformers 4.40 .. 5.x"
+            ),
         )
     try:
         params = tuple(inspect.signature(kernel).parameters.values())
@@ -77,13 +81,20 @@ def _inspect_kernel():
         return None, (), f"cannot read the signature of _speculative_sampling in transformers {version}: {exc}"
     names = tuple(p.name for p in params)
     extra_required = [
-        p.name for p in params[len(_REQUIRED):]
-        if p.default is inspect.Parameter.empty and p.name not in _OPTIONAL
+        p.name for p in params[len(_REQUIRED) :] if p.default is inspect.Parameter.empty and p.name not in _OPTIONAL
     ]
-    if names[: len(_REQUIRED)] != _REQUIRED or extra_required or any(n not in _OPTIONAL for n in names[len(_REQUIRED):]):
-        return None, names, (
-            f"transformers {version} changed _speculative_sampling{inspect.signature(kernel)}; "
-            f"the adapter expects ({', '.join(_REQUIRED)}[, is_done_candidate][, assistant_ensemble_weight])"
+    if (
+        names[: len(_REQUIRED)] != _REQUIRED
+        or extra_required
+        or any(n not in _OPTIONAL for n in names[len(_REQUIRED) :])
+    ):
+        return (
+            None,
+            names,
+            (
+                f"transformers {version} changed _speculative_sampling{inspect.signature(kernel)}; "
+                f"the adapter expects ({', '.join(_REQUIRED)}[, is_done_candidate][, assistant_ensemble_weight])"
+            ),
         )
     return kernel, names, None
 
@@ -184,8 +195,10 @@ class SpeculativeSamplingVerifier:
         self.assistant_ensemble_weight = assistant_ensemble_weight
 
     def __repr__(self) -> str:
-        return (f"SpeculativeSamplingVerifier(dtype={self.dtype}, assistant_ensemble_weight="
-                f"{self.assistant_ensemble_weight!r}; transformers {transformers.__version__})")
+        return (
+            f"SpeculativeSamplingVerifier(dtype={self.dtype}, assistant_ensemble_weight="
+            f"{self.assistant_ensemble_weight!r}; transformers {transformers.__version__})"
+        )
 
     def verify(self, target_probs, draft_probs, draft_tokens, *, generator: torch.Generator):
         """Verify each row with the HF kernel; see the module docstring.
@@ -219,7 +232,8 @@ class SpeculativeSamplingVerifier:
                 except Exception as exc:  # the implementation under test failed
                     raise ImplementationError(
                         f"transformers {transformers.__version__} _speculative_sampling raised on row {b} "
-                        f"(K={K}, V={V}): {type(exc).__name__}: {exc}", row=b
+                        f"(K={K}, V={V}): {type(exc).__name__}: {exc}",
+                        row=b,
                     ) from exc
                 tokens_b, n = self._check_output(valid, n_matches, b, K, V)
                 tokens[b, : n + 1] = tokens_b
@@ -233,9 +247,13 @@ class SpeculativeSamplingVerifier:
         try:
             n = int(n_matches)
         except (TypeError, ValueError, RuntimeError) as exc:
-            raise ImplementationError(f"_speculative_sampling returned n_matches={n_matches!r} on row {row}", row=row) from exc
+            raise ImplementationError(
+                f"_speculative_sampling returned n_matches={n_matches!r} on row {row}", row=row
+            ) from exc
         if not 0 <= n <= K:
-            raise ImplementationError(f"_speculative_sampling returned n_matches={n} on row {row}, outside [0, {K}]", row=row)
+            raise ImplementationError(
+                f"_speculative_sampling returned n_matches={n} on row {row}, outside [0, {K}]", row=row
+            )
         if not isinstance(valid, torch.Tensor) or tuple(valid.shape) != (1, n + 1):
             shape = tuple(valid.shape) if isinstance(valid, torch.Tensor) else type(valid).__name__
             raise ImplementationError(

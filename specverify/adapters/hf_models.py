@@ -43,8 +43,16 @@ __all__ = ["tiny_llama", "tiny_llama_pair", "TRANSFORMERS_VERSION"]
 TRANSFORMERS_VERSION = transformers.__version__
 
 
-def _llama_config(*, vocab_size, num_hidden_layers, hidden_size, intermediate_size, num_attention_heads,
-                  num_key_value_heads, max_position_embeddings) -> "LlamaConfig":
+def _llama_config(
+    *,
+    vocab_size,
+    num_hidden_layers,
+    hidden_size,
+    intermediate_size,
+    num_attention_heads,
+    num_key_value_heads,
+    max_position_embeddings,
+) -> LlamaConfig:
     # bos/eos/pad are None: the tiny vocabulary has no special tokens, generation never
     # stops early, and no embedding row is reserved as padding_idx.
     return LlamaConfig(
@@ -73,7 +81,7 @@ def tiny_llama(
     max_position_embeddings: int = 256,
     logit_scale: float = 15.0,
     seed: int = 0,
-) -> "LlamaForCausalLM":
+) -> LlamaForCausalLM:
     """A tiny random ``LlamaForCausalLM`` in eval mode, float32, on CPU.
 
     The weights are a pure function of the arguments: transformers initialises
@@ -131,7 +139,7 @@ def tiny_llama_pair(
     logit_scale: float = 15.0,
     max_position_embeddings: int = 256,
     seed: int = 0,
-) -> tuple["LlamaForCausalLM", "LlamaForCausalLM"]:
+) -> tuple[LlamaForCausalLM, LlamaForCausalLM]:
     """A target and a same-vocabulary assistant, both deterministic in ``seed``.
 
     The assistant copies the target's embeddings, final norm, lm_head and first

@@ -98,25 +98,65 @@ def build_parser() -> argparse.ArgumentParser:
 
     audit = sub.add_parser("audit", help="audit a verifier, a decoder or a drafter and write a report")
     what = audit.add_argument_group("what to audit")
-    what.add_argument("--verifier", metavar="PKG.MOD:NAME", help="verify(target_probs, draft_probs, draft_tokens, *, generator)")
-    what.add_argument("--decoder", metavar="PKG.MOD:FACTORY", help="factory of an object with .generate(prompt, *, num_samples, max_new_tokens, seed)")
-    what.add_argument("--drafter", metavar="PKG.MOD:FACTORY", help="factory of an object with .draft(prefix, k, *, generator)")
+    what.add_argument(
+        "--verifier", metavar="PKG.MOD:NAME", help="verify(target_probs, draft_probs, draft_tokens, *, generator)"
+    )
+    what.add_argument(
+        "--decoder",
+        metavar="PKG.MOD:FACTORY",
+        help="factory of an object with .generate(prompt, *, num_samples, max_new_tokens, seed)",
+    )
+    what.add_argument(
+        "--drafter", metavar="PKG.MOD:FACTORY", help="factory of an object with .draft(prefix, k, *, generator)"
+    )
     what.add_argument("--target", metavar="PKG.MOD:FACTORY", help="factory of an object with .next_token_probs(prefix)")
-    what.add_argument("--reference", metavar="PKG.MOD:FACTORY", help="a second decoder (e.g. direct sampling): two-sample tests instead of exact conditionals")
+    what.add_argument(
+        "--reference",
+        metavar="PKG.MOD:FACTORY",
+        help="a second decoder (e.g. direct sampling): two-sample tests instead of exact conditionals",
+    )
     for role in ("verifier", "decoder", "drafter", "target", "reference"):
-        what.add_argument(f"--{role}-option", action="append", metavar="KEY=VALUE", default=[], help=f"keyword argument for the {role} factory (repeatable)")
+        what.add_argument(
+            f"--{role}-option",
+            action="append",
+            metavar="KEY=VALUE",
+            default=[],
+            help=f"keyword argument for the {role} factory (repeatable)",
+        )
     drafting = audit.add_argument_group("drafter audit (efficiency model)")
     drafting.add_argument("--k", type=int, help="draft length K (default: the drafter's .k or 4)")
-    drafting.add_argument("--draft-cost", type=float, help="drafter forward cost relative to a target pass (speedup model)")
-    drafting.add_argument("--model-params", type=float, help="target parameters, for the memory-bound latency (e.g. 8e9)")
-    drafting.add_argument("--bandwidth", type=float, default=3.35e12, help="memory bandwidth in bytes/s (default H100: 3.35e12)")
+    drafting.add_argument(
+        "--draft-cost", type=float, help="drafter forward cost relative to a target pass (speedup model)"
+    )
+    drafting.add_argument(
+        "--model-params", type=float, help="target parameters, for the memory-bound latency (e.g. 8e9)"
+    )
+    drafting.add_argument(
+        "--bandwidth", type=float, default=3.35e12, help="memory bandwidth in bytes/s (default H100: 3.35e12)"
+    )
     drafting.add_argument("--bytes-per-param", type=float, default=2.0, help="bytes per weight (default 2: bf16)")
-    audit.add_argument("--greedy", action="store_true", help="greedy mode: a verifier's or decoder's output must equal the target's argmax continuation")
-    audit.add_argument("--scenario", action="append", metavar="NAME", help="verifier audit: run only this scenario (repeatable; see list_scenarios)")
+    audit.add_argument(
+        "--greedy",
+        action="store_true",
+        help="greedy mode: a verifier's or decoder's output must equal the target's argmax continuation",
+    )
+    audit.add_argument(
+        "--scenario",
+        action="append",
+        metavar="NAME",
+        help="verifier audit: run only this scenario (repeatable; see list_scenarios)",
+    )
     audit.add_argument("--tier", choices=TIERS, default="smoke")
     audit.add_argument("--seed", type=int, default=0)
-    audit.add_argument("--alpha", type=float, default=1e-3, help="family-wise false-alarm rate of the run (default 1e-3)")
-    audit.add_argument("--out", metavar="DIR", default="specverify-report", help="directory for report.json/.md/.html (default ./specverify-report)")
+    audit.add_argument(
+        "--alpha", type=float, default=1e-3, help="family-wise false-alarm rate of the run (default 1e-3)"
+    )
+    audit.add_argument(
+        "--out",
+        metavar="DIR",
+        default="specverify-report",
+        help="directory for report.json/.md/.html (default ./specverify-report)",
+    )
     audit.add_argument("--no-plots", action="store_true", help="skip the PNG plots in report.html")
     audit.add_argument("--json", action="store_true", help="print the report JSON instead of the summary")
 
@@ -124,7 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     selftest.add_argument("--tier", choices=TIERS, default="smoke")
     selftest.add_argument("--seed", type=int, default=0)
     selftest.add_argument("--json", action="store_true", help="print the matrix as JSON")
-    selftest.add_argument("--matrix", metavar="PATH", help="also write the Markdown mutation matrix (with the peers' tests) to PATH")
+    selftest.add_argument(
+        "--matrix", metavar="PATH", help="also write the Markdown mutation matrix (with the peers' tests) to PATH"
+    )
 
     examples = sub.add_parser("examples", help="regenerate the example reports (reports/ in the repository)")
     examples.add_argument("--out", default="reports", metavar="DIR")
@@ -155,15 +197,19 @@ def _run_examples(args) -> int:
     if not args.skip_matrix:
         from specverify.selftest import main as selftest_main
 
-        status = selftest_main(tier=args.tier, seed=args.seed, as_json=False, matrix_path=str(out / "mutation-matrix.md"))
+        status = selftest_main(
+            tier=args.tier, seed=args.seed, as_json=False, matrix_path=str(out / "mutation-matrix.md")
+        )
     expected = {name: report.verdict for name, _, report, _ in rows}
     print("example verdicts: " + ", ".join(f"{k}={v}" for k, v in expected.items()))
     return status
 
 
 def _run_audit(args, argv: list[str]) -> int:
-    options = {role: dict(parse_options(getattr(args, f"{role}_option"), argument=f"--{role}-option"))
-               for role in ("verifier", "decoder", "drafter", "target", "reference")}
+    options = {
+        role: dict(parse_options(getattr(args, f"{role}_option"), argument=f"--{role}-option"))
+        for role in ("verifier", "decoder", "drafter", "target", "reference")
+    }
     common = dict(tier=args.tier, seed=args.seed, alpha=args.alpha, progress=Progress())
     if args.drafter:
         if not args.target:
@@ -173,15 +219,27 @@ def _run_audit(args, argv: list[str]) -> int:
         target = _instantiate(args.target, "target", "next_token_probs", options["target"])
         from specverify.drafter import audit_drafter
 
-        report = audit_drafter(drafter, target, verifier=verifier, k=args.k, draft_cost=args.draft_cost,
-                               model_params=args.model_params, bandwidth=args.bandwidth,
-                               bytes_per_param=args.bytes_per_param, **common)
+        report = audit_drafter(
+            drafter,
+            target,
+            verifier=verifier,
+            k=args.k,
+            draft_cost=args.draft_cost,
+            model_params=args.model_params,
+            bandwidth=args.bandwidth,
+            bytes_per_param=args.bytes_per_param,
+            **common,
+        )
     elif args.decoder:
         if not args.target and not args.reference:
-            raise InvalidArgument("--decoder needs --target PKG.MOD:FACTORY (exact conditionals) or --reference PKG.MOD:FACTORY (two-sample)")
+            raise InvalidArgument(
+                "--decoder needs --target PKG.MOD:FACTORY (exact conditionals) or --reference PKG.MOD:FACTORY (two-sample)"
+            )
         decoder = _instantiate(args.decoder, "decoder", "generate", options["decoder"])
         target = _instantiate(args.target, "target", "next_token_probs", options["target"]) if args.target else None
-        reference = _instantiate(args.reference, "reference", "generate", options["reference"]) if args.reference else None
+        reference = (
+            _instantiate(args.reference, "reference", "generate", options["reference"]) if args.reference else None
+        )
         from specverify.decoder import check_decoder
 
         report = check_decoder(decoder, target, reference=reference, greedy=True if args.greedy else None, **common)
@@ -193,10 +251,17 @@ def _run_audit(args, argv: list[str]) -> int:
     else:
         raise InvalidArgument("audit needs one of --verifier, --decoder or --drafter")
 
-    spec, role = (args.drafter, "drafter") if args.drafter else (args.decoder, "decoder") if args.decoder else (args.verifier, "verifier")
+    spec, role = (
+        (args.drafter, "drafter")
+        if args.drafter
+        else (args.decoder, "decoder")
+        if args.decoder
+        else (args.verifier, "verifier")
+    )
     named = spec + ("(" + ", ".join(f"{k}={v!r}" for k, v in options[role].items()) + ")" if options[role] else "")
-    report = dataclasses.replace(report, implementation=named,
-                                 command="specverify " + " ".join(shlex.quote(a) for a in argv))
+    report = dataclasses.replace(
+        report, implementation=named, command="specverify " + " ".join(shlex.quote(a) for a in argv)
+    )
     from specverify.report import write_report
 
     paths = write_report(report, Path(args.out), plots=not args.no_plots)

@@ -47,7 +47,9 @@ def main(num_rows: int = 1_000_000, K: int = 4, V: int = 8, seed: int = 0) -> in
             continue
         observed = torch.bincount(tokens[emitted, i], minlength=V).double() / n  # (V,)
         tv = 0.5 * (observed - target_table[i]).abs().sum().item()
-        print(f"in-block position {i + 1}: N={n:,}  TV(emitted, target)={tv:.4f}  (sampling noise ~{(V / n) ** 0.5 / 2:.4f})")
+        print(
+            f"in-block position {i + 1}: N={n:,}  TV(emitted, target)={tv:.4f}  (sampling noise ~{(V / n) ** 0.5 / 2:.4f})"
+        )
         print("  token   " + " ".join(f"{t:>7d}" for t in range(V)))
         print("  target  " + " ".join(f"{x:7.4f}" for x in target_table[i].tolist()))
         print("  emitted " + " ".join(f"{x:7.4f}" for x in observed.tolist()))

@@ -17,8 +17,8 @@ from reference.decoder import SpeculativeDecoder
 from reference.direct import DirectSampler, TargetAdapter
 from reference.models import make_pair
 from reference.processors import SamplingConfig
-from specverify.verifier import zoo
 from specverify.core import tables
+from specverify.verifier import zoo
 
 __all__ = ["reference_decoder", "reference_target", "direct_sampler", "table_target", "zoo_drafter"]
 
@@ -27,23 +27,36 @@ def _sampling(temperature: float, top_k, top_p, min_p) -> SamplingConfig:
     return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
 
 
-def reference_decoder(*, vocab_size: int = 64, seed: int = 0, k: int = 4, temperature: float = 1.0, top_k=None,
-                      top_p=None, min_p=None, drafter: str = "early_exit", greedy: bool = False) -> SpeculativeDecoder:
+def reference_decoder(
+    *,
+    vocab_size: int = 64,
+    seed: int = 0,
+    k: int = 4,
+    temperature: float = 1.0,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    drafter: str = "early_exit",
+    greedy: bool = False,
+) -> SpeculativeDecoder:
     """The reference speculative decoder on a seeded tiny transformer pair (early-exit drafter)."""
     target, draft_model = make_pair(vocab_size=vocab_size, seed=seed, drafter=drafter)
-    return SpeculativeDecoder(target, draft_model, k=k, sampling=_sampling(temperature, top_k, top_p, min_p),
-                              greedy=greedy)
+    return SpeculativeDecoder(
+        target, draft_model, k=k, sampling=_sampling(temperature, top_k, top_p, min_p), greedy=greedy
+    )
 
 
-def reference_target(*, vocab_size: int = 64, seed: int = 0, temperature: float = 1.0, top_k=None, top_p=None,
-                     min_p=None) -> TargetAdapter:
+def reference_target(
+    *, vocab_size: int = 64, seed: int = 0, temperature: float = 1.0, top_k=None, top_p=None, min_p=None
+) -> TargetAdapter:
     """Exact processed conditionals of the target that :func:`reference_decoder` uses with the same options."""
     target, _ = make_pair(vocab_size=vocab_size, seed=seed)
     return TargetAdapter(target, _sampling(temperature, top_k, top_p, min_p))
 
 
-def direct_sampler(*, vocab_size: int = 64, seed: int = 0, temperature: float = 1.0, top_k=None, top_p=None,
-                   min_p=None) -> DirectSampler:
+def direct_sampler(
+    *, vocab_size: int = 64, seed: int = 0, temperature: float = 1.0, top_k=None, top_p=None, min_p=None
+) -> DirectSampler:
     """Plain autoregressive sampling of the same target (the two-sample ``--reference``)."""
     target, _ = make_pair(vocab_size=vocab_size, seed=seed)
     return DirectSampler(target, _sampling(temperature, top_k, top_p, min_p))

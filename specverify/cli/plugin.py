@@ -48,14 +48,22 @@ MAX_SHOWN = 8  # failing tests spelled out per item
 
 # dest: (default, metavar or None for a flag, help); env SPECVERIFY_<DEST>, ini specverify_<dest>
 _OPTIONS = {
-    "impl": (None, "PKG.MOD:NAME", "verify(target_probs, draft_probs, draft_tokens, *, generator) to test; enables the battery"),
+    "impl": (
+        None,
+        "PKG.MOD:NAME",
+        "verify(target_probs, draft_probs, draft_tokens, *, generator) to test; enables the battery",
+    ),
     "tier": ("smoke", "TIER", "battery tier: smoke | standard | deep (default smoke)"),
     "seed": ("0", "N", "root seed of the run (default 0)"),
     "alpha": ("1e-3", "A", "family-wise false-alarm rate of the selected scenarios together (default 1e-3)"),
     "skips": (None, "FILE", "file of 'skip|xfail <item glob>  # reason' lines"),
     "greedy": ("0", None, "the implementation is a greedy verifier: its output must be the argmax continuation"),
     "report": (None, "DIR", "also write report.json/.md/.html of the run to DIR"),
-    "battery": (DEFAULT_BATTERY, "MODULE", f"module providing list_scenarios and check_verifier (default {DEFAULT_BATTERY})"),
+    "battery": (
+        DEFAULT_BATTERY,
+        "MODULE",
+        f"module providing list_scenarios and check_verifier (default {DEFAULT_BATTERY})",
+    ),
 }
 
 
@@ -84,8 +92,14 @@ class Settings:
         return " ".join(parts + (["--greedy"] if self.greedy else []))
 
     def pytest_command(self, item_name: str) -> str:
-        parts = ["pytest --specverify-impl", shlex.quote(self.impl), "--specverify-tier", self.tier,
-                 "--specverify-seed", str(self.seed)]
+        parts = [
+            "pytest --specverify-impl",
+            shlex.quote(self.impl),
+            "--specverify-tier",
+            self.tier,
+            "--specverify-seed",
+            str(self.seed),
+        ]
         parts += ["--specverify-alpha", f"{self.alpha:g}"] if self.alpha != 1e-3 else []
         parts += ["--specverify-greedy"] if self.greedy else []
         parts += ["--specverify-battery", shlex.quote(self.battery)] if self.battery != DEFAULT_BATTERY else []
@@ -133,7 +147,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def _raw(config: pytest.Config, dest: str) -> Any:
     value = config.getoption(f"specverify_{dest}", default=None)
     if value is None:
-        value = os.environ.get(f"SPECVERIFY_{dest.upper()}", "").strip() or str(config.getini(f"specverify_{dest}") or "").strip()
+        value = (
+            os.environ.get(f"SPECVERIFY_{dest.upper()}", "").strip()
+            or str(config.getini(f"specverify_{dest}") or "").strip()
+        )
     return value if value not in (None, "") else _OPTIONS[dest][0]
 
 
@@ -157,11 +174,14 @@ def _settings(config: pytest.Config) -> Settings | None:
         raise pytest.UsageError(f"--specverify-tier must be one of {', '.join(TIERS)}, got {tier!r}")
     greedy = _raw(config, "greedy")
     return Settings(
-        impl=str(impl), tier=tier,
+        impl=str(impl),
+        tier=tier,
         seed=_number(config, "seed", int, lambda x: x >= 0, "a non-negative integer"),
         alpha=_number(config, "alpha", float, lambda x: 0.0 < x < 1.0, "a number in (0, 1)"),
         greedy=greedy is True or str(greedy).lower() in ("1", "true", "yes", "on"),
-        skips=_raw(config, "skips"), report=_raw(config, "report"), battery=str(_raw(config, "battery")),
+        skips=_raw(config, "skips"),
+        report=_raw(config, "report"),
+        battery=str(_raw(config, "battery")),
     )
 
 
@@ -191,7 +211,8 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     except Exception as error:  # torch missing or broken: the battery will fail and say so
         version, device = f"unavailable ({type(error).__name__}: {error})", "?"
     return [
-        f"specverify: implementation={s.impl} tier={s.tier} seed={s.seed} alpha={s.alpha:g}" + (" greedy" if s.greedy else ""),
+        f"specverify: implementation={s.impl} tier={s.tier} seed={s.seed} alpha={s.alpha:g}"
+        + (" greedy" if s.greedy else ""),
         f"specverify {specverify.__version__}, torch {version}, device {device}"
         + (f", battery module {s.battery}" if s.battery != DEFAULT_BATTERY else ""),
     ]
@@ -253,8 +274,10 @@ def _read_skips(config: pytest.Config, path: str) -> list[tuple[str, str, str, i
         if not words:
             continue
         if len(words) != 2 or words[0].lower() not in ("skip", "xfail"):
-            raise pytest.UsageError(f"--specverify-skips {path}:{number}: expected 'skip <glob>' or 'xfail <glob>' "
-                                    f"(optionally '# reason'), got {line.strip()!r}")
+            raise pytest.UsageError(
+                f"--specverify-skips {path}:{number}: expected 'skip <glob>' or 'xfail <glob>' "
+                f"(optionally '# reason'), got {line.strip()!r}"
+            )
         reason = comment.strip() or f"{words[0].lower()} in {os.path.basename(path)}:{number}"
         directives.append((words[0].lower(), words[1], reason, number))
     return directives
@@ -276,7 +299,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             hits = [it for it in new if regex.fullmatch(it.name) or (it.scenario and regex.fullmatch(it.scenario))]
             if not hits:
                 state.unmatched.append(f"{state.settings.skips}:{number}: {pattern!r} matches no specverify item")
-            mark = pytest.mark.skip(reason=reason) if action == "skip" else pytest.mark.xfail(reason=reason, strict=False)
+            mark = (
+                pytest.mark.skip(reason=reason) if action == "skip" else pytest.mark.xfail(reason=reason, strict=False)
+            )
             for it in hits:
                 it.add_marker(mark)
     items.extend(new)
@@ -295,7 +320,9 @@ def _load_verify(spec: str):
     if hasattr(obj, "verify") and not isinstance(obj, type):
         return obj.verify
     if not callable(obj) or isinstance(obj, type):
-        raise InvalidArgument(f"--specverify-impl {spec!r} is not a verify callable (a function, or an instance with .verify)")
+        raise InvalidArgument(
+            f"--specverify-impl {spec!r} is not a verify callable (a function, or an instance with .verify)"
+        )
     return obj
 
 
@@ -323,10 +350,15 @@ def _run(session: pytest.Session, state: State) -> Outcome:
     if state.outcome is not None:
         return state.outcome
     s = state.settings
-    selected = {it.scenario for it in session.items if isinstance(it, SpecverifyItem) and it.scenario not in (None, "*")
-                and it.get_closest_marker("skip") is None}
+    selected = {
+        it.scenario
+        for it in session.items
+        if isinstance(it, SpecverifyItem) and it.scenario not in (None, "*") and it.get_closest_marker("skip") is None
+    }
     # in the battery's order, so that the run does not depend on item order (-p randomly, ...)
-    subset = tuple(n for n in state.scenarios if n in selected) if selected and selected != set(state.scenarios) else None
+    subset = (
+        tuple(n for n in state.scenarios if n in selected) if selected and selected != set(state.scenarios) else None
+    )
     outcome = state.outcome = Outcome(selected=subset)
     start = time.perf_counter()
     try:
@@ -341,8 +373,10 @@ def _run(session: pytest.Session, state: State) -> Outcome:
         if subset is not None and _accepts(state.check_verifier, "scenarios"):
             kwargs["scenarios"] = list(subset)
         elif subset is not None:
-            outcome.note = (f"{s.battery}.check_verifier has no 'scenarios' argument: all "
-                            f"{len(state.scenarios)} scenarios ran and were graded together")
+            outcome.note = (
+                f"{s.battery}.check_verifier has no 'scenarios' argument: all "
+                f"{len(state.scenarios)} scenarios ran and were graded together"
+            )
         outcome.report = state.check_verifier(verify, **kwargs)
         if s.report:
             from pathlib import Path
@@ -356,7 +390,9 @@ def _run(session: pytest.Session, state: State) -> Outcome:
         if isinstance(error, SpecVerifyError):
             outcome.error = f"{type(error).__name__}: {error}"
         else:
-            outcome.error = "the battery raised:\n" + "".join(traceback.format_exception(type(error), error, error.__traceback__))
+            outcome.error = "the battery raised:\n" + "".join(
+                traceback.format_exception(type(error), error, error.__traceback__)
+            )
     finally:
         outcome.seconds = time.perf_counter() - start
     return outcome
@@ -387,16 +423,25 @@ def _observed_vs_expected(result, limit: int = 3) -> str:
         observed, expected, tokens = counts
         z = [(o - e) / math.sqrt(e) if e > 0 else math.inf for o, e in zip(observed, expected)]
         worst = sorted(range(len(z)), key=lambda i: -abs(z[i]))[:limit]
-        return "; ".join(f"{'token ' if tokens[i] is not None else ''}{bin_label(tokens[i], i)}: "
-                         f"{fmt(observed[i], '.6g')} vs {fmt(expected[i], '.6g')} (z={z[i]:+.1f})" for i in worst)
+        return "; ".join(
+            f"{'token ' if tokens[i] is not None else ''}{bin_label(tokens[i], i)}: "
+            f"{fmt(observed[i], '.6g')} vs {fmt(expected[i], '.6g')} (z={z[i]:+.1f})"
+            for i in worst
+        )
     if "sum" in d and "variance" in d:
         return f"sum of scores {fmt(d['sum'], '.4g')} vs 0 (sd {fmt(math.sqrt(max(float(d['variance']), 0.0)), '.4g')})"
     if "mean" in d and "ks_critical" in d:
-        return (f"mean PIT {fmt(d['mean'], '.4g')} vs 0.5; KS distance {fmt(result.statistic, '.4g')} "
-                f"vs critical {fmt(d['ks_critical'], '.4g')}")
-    pairs = [(str(k)[len("observed"):], k) for k in d if str(k).startswith("observed") and f"expected{str(k)[8:]}" in d]
-    text = "; ".join(f"{suffix.strip('_') + ' ' if suffix else ''}{fmt(d[k], '.6g')} vs {fmt(d['expected' + suffix], '.6g')}"
-                     for suffix, k in pairs[:limit])
+        return (
+            f"mean PIT {fmt(d['mean'], '.4g')} vs 0.5; KS distance {fmt(result.statistic, '.4g')} "
+            f"vs critical {fmt(d['ks_critical'], '.4g')}"
+        )
+    pairs = [
+        (str(k)[len("observed") :], k) for k in d if str(k).startswith("observed") and f"expected{str(k)[8:]}" in d
+    ]
+    text = "; ".join(
+        f"{suffix.strip('_') + ' ' if suffix else ''}{fmt(d[k], '.6g')} vs {fmt(d['expected' + suffix], '.6g')}"
+        for suffix, k in pairs[:limit]
+    )
     return text or "see the report's details"
 
 
@@ -404,12 +449,17 @@ def _describe(result, settings: Settings) -> str:
     from specverify.report.content import fmt
 
     seed = result.details.get("seed", settings.seed) if hasattr(result.details, "get") else settings.seed
-    extras = "".join(f", {k}={fmt(v)}" for k, v in (("df", result.df), ("bins", result.bins), ("detectable TV", result.mde_tv))
-                     if v is not None)
-    return (f"  {_label(result)} [{(result.grade or '?').upper()}] ({result.method})\n"
-            f"    observed vs expected: {_observed_vs_expected(result)}\n"
-            f"    statistic={fmt(result.statistic, '.4g')}, p={fmt(result.pvalue)}, adjusted p={fmt(result.adjusted_pvalue)}"
-            f" (allocated alpha {fmt(result.alpha)}), N={result.n}{extras}, seed={seed}")
+    extras = "".join(
+        f", {k}={fmt(v)}"
+        for k, v in (("df", result.df), ("bins", result.bins), ("detectable TV", result.mde_tv))
+        if v is not None
+    )
+    return (
+        f"  {_label(result)} [{(result.grade or '?').upper()}] ({result.method})\n"
+        f"    observed vs expected: {_observed_vs_expected(result)}\n"
+        f"    statistic={fmt(result.statistic, '.4g')}, p={fmt(result.pvalue)}, adjusted p={fmt(result.adjusted_pvalue)}"
+        f" (allocated alpha {fmt(result.alpha)}), N={result.n}{extras}, seed={seed}"
+    )
 
 
 def _mentions(text: str, scenario: str) -> bool:
@@ -455,9 +505,13 @@ class SpecverifyItem(pytest.Item):
     def _record(self, results, report) -> None:
         """JUnit XML properties: the run, then statistic/pvalue/adjusted_pvalue/n/mde_tv/grade per test."""
         s = _state(self.config).settings
-        self.user_properties += [("specverify.implementation", s.impl), ("specverify.tier", s.tier),
-                                 ("specverify.seed", s.seed), ("specverify.alpha", s.alpha),
-                                 ("specverify.verdict", report.verdict)]
+        self.user_properties += [
+            ("specverify.implementation", s.impl),
+            ("specverify.tier", s.tier),
+            ("specverify.seed", s.seed),
+            ("specverify.alpha", s.alpha),
+            ("specverify.verdict", report.verdict),
+        ]
         for r in results:
             for key in ("statistic", "pvalue", "adjusted_pvalue", "n", "mde_tv", "grade"):
                 if getattr(r, key) is not None:
@@ -469,14 +523,18 @@ class SpecverifyItem(pytest.Item):
         for r in results:
             if r.grade == "suspicious":  # located at the item, not at a line of the plugin
                 message = f"{head}: {self.what} SUSPICIOUS (p below 100x its allocated alpha; not a failure)\n"
-                warnings.warn_explicit(SuspiciousResultWarning(message + _describe(r, settings)),
-                                       SuspiciousResultWarning, self.name, 0)
+                warnings.warn_explicit(
+                    SuspiciousResultWarning(message + _describe(r, settings)), SuspiciousResultWarning, self.name, 0
+                )
         failed = [r for r in worst_first(results) if r.grade == "fail"]
         if not failed and not errors:
             if not results and self.scenario not in (None, "*"):
                 pytest.skip(f"the battery produced no results for scenario {self.scenario!r}")
             return
-        lines = [f"{head}: {self.what} FAILED" + (f": {len(failed)} of {len(results)} tests below their allocated alpha" if failed else "")]
+        lines = [
+            f"{head}: {self.what} FAILED"
+            + (f": {len(failed)} of {len(results)} tests below their allocated alpha" if failed else "")
+        ]
         lines += [f"  implementation error: {e}" for e in errors]
         lines += [_describe(r, settings) for r in failed[:MAX_SHOWN]]
         if len(failed) > MAX_SHOWN:
@@ -484,8 +542,10 @@ class SpecverifyItem(pytest.Item):
         raise SpecverifyFailure("\n".join(lines + [self._repro(settings)]))
 
     def _repro(self, settings: Settings) -> str:
-        return (f"repro: {settings.audit_command()}\n"
-                f"       {settings.pytest_command(self.name)}   (alone: its own error budget)")
+        return (
+            f"repro: {settings.audit_command()}\n"
+            f"       {settings.pytest_command(self.name)}   (alone: its own error budget)"
+        )
 
     def repr_failure(self, excinfo, style=None):
         if excinfo.errisinstance(SpecverifyFailure):
@@ -514,9 +574,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
 
     report = outcome.report
     colour = {"pass": {"green": True}, "suspicious": {"yellow": True}}.get(report.verdict, {"red": True})
-    scenarios = len(outcome.selected) if outcome.selected is not None else (len(state.scenarios) or len(report.scenarios))
-    tr.write_line(f"verifier {s.impl}: {report.verdict.upper()} (tier {s.tier}, seed {s.seed}, alpha {s.alpha:g}, "
-                  f"{scenarios} scenarios, {len(report.results)} tests graded together, {outcome.seconds:.1f} s)", **colour)
+    scenarios = (
+        len(outcome.selected) if outcome.selected is not None else (len(state.scenarios) or len(report.scenarios))
+    )
+    tr.write_line(
+        f"verifier {s.impl}: {report.verdict.upper()} (tier {s.tier}, seed {s.seed}, alpha {s.alpha:g}, "
+        f"{scenarios} scenarios, {len(report.results)} tests graded together, {outcome.seconds:.1f} s)",
+        **colour,
+    )
     if outcome.note:
         tr.write_line(f"note: {outcome.note}")
     for error in report.errors:

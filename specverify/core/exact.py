@@ -30,8 +30,8 @@ Shapes: B batch, K draft length, V vocabulary, L sequence length.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -211,9 +211,7 @@ def one_step_law(target_probs, draft_probs, *, rule="canonical") -> torch.Tensor
 def _block_pair(target_probs, draft_probs):
     target = _probs64("target_probs", target_probs)
     if target.ndim < 2 or target.shape[-2] < 2:
-        raise InvalidArgument(
-            f"target_probs must have shape (..., K+1, V) with K >= 1, got {tuple(target.shape)}"
-        )
+        raise InvalidArgument(f"target_probs must have shape (..., K+1, V) with K >= 1, got {tuple(target.shape)}")
     draft = _probs64("draft_probs", draft_probs)
     shape = tuple(target.shape)
     check_shape("draft_probs", draft, shape[:-2] + (shape[-2] - 1, shape[-1]))
@@ -281,7 +279,9 @@ def _markov_tables(prefix: str, init, transition):
 
 def _check_size(V: int, L: int):
     if V**L > MAX_JOINT_SIZE:
-        raise InvalidArgument(f"L={L} is too large for V={V}: the joint law would have V**L = {V**L} cells (max {MAX_JOINT_SIZE})")
+        raise InvalidArgument(
+            f"L={L} is too large for V={V}: the joint law would have V**L = {V**L} cells (max {MAX_JOINT_SIZE})"
+        )
 
 
 def markov_chain_law(init, transition, *, L: int) -> torch.Tensor:

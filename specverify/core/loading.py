@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import ast
 import importlib
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from specverify.core.errors import InvalidArgument
 

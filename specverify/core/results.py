@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = ["TestResult", "Report", "Grade", "SCHEMA_VERSION", "PASS", "SUSPICIOUS", "FAIL"]
 
@@ -105,14 +106,14 @@ class TestResult:
 
     __test__ = False  # not a pytest test class
 
-    def replace(self, **changes) -> "TestResult":
+    def replace(self, **changes) -> TestResult:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
         return _jsonable(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "TestResult":
+    def from_dict(cls, data: Mapping) -> TestResult:
         names = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in names}
         for key in ("statistic", "pvalue"):
@@ -191,7 +192,7 @@ class Report:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=False, allow_nan=False)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "Report":
+    def from_dict(cls, data: Mapping) -> Report:
         schema = data.get("schema")
         if schema != SCHEMA_VERSION:
             from specverify.core.errors import InvalidArgument
@@ -205,7 +206,7 @@ class Report:
         return cls(**values)
 
     @classmethod
-    def from_json(cls, text: str) -> "Report":
+    def from_json(cls, text: str) -> Report:
         return cls.from_dict(json.loads(text))
 
     def summary(self) -> str:

@@ -90,7 +90,7 @@ class TableModel:
         """Context after appending ``tokens`` to prefixes whose context is ``contexts`` (same shape)."""
         raise NotImplementedError
 
-    def with_table(self, table, *, name: str = "") -> "TableModel":
+    def with_table(self, table, *, name: str = "") -> TableModel:
         """The same context structure with another table of conditionals."""
         raise NotImplementedError
 
@@ -248,7 +248,9 @@ class NGramTable(TableModel):
         ids = torch.zeros_like(lengths)
         for back in range(n1, 0, -1):  # oldest digit first
             where = lengths - back  # (B,)
-            digit = tokens.gather(1, where.clamp(min=0)[:, None]).squeeze(1) if tokens.shape[1] else torch.zeros_like(where)
+            digit = (
+                tokens.gather(1, where.clamp(min=0)[:, None]).squeeze(1) if tokens.shape[1] else torch.zeros_like(where)
+            )
             ids = ids * V1 + torch.where(where >= 0, digit, torch.full_like(digit, V1 - 1))
         return ids
 
@@ -277,7 +279,7 @@ class MarkovTable(NGramTable):
         super().__init__(torch.cat([transition, initial[None]]), order=2, name=name)
 
     @classmethod
-    def from_table(cls, table, *, name: str = "") -> "MarkovTable":
+    def from_table(cls, table, *, name: str = "") -> MarkovTable:
         table = torch.as_tensor(table, dtype=torch.float64)
         return cls(table[-1], table[:-1], name=name)
 
@@ -314,7 +316,9 @@ class FSMTable(TableModel):
 ROW_KINDS = ("flat", "peaked", "onehot", "zipf", "topk", "topp", "dirichlet")
 
 
-def make_rows(num_rows: int, vocab_size: int, kind: str = "peaked", *, generator: torch.Generator, **options) -> torch.Tensor:
+def make_rows(
+    num_rows: int, vocab_size: int, kind: str = "peaked", *, generator: torch.Generator, **options
+) -> torch.Tensor:
     """``(num_rows, vocab_size)`` float64 probability rows of a given shape.
 
     kinds: ``flat`` (near uniform), ``peaked`` (softmax of ``scale``-scaled normals,
@@ -367,13 +371,17 @@ def make_rows(num_rows: int, vocab_size: int, kind: str = "peaked", *, generator
 def positional(vocab_size: int, positions: int, kind: str = "peaked", *, seed: int, name: str = "", **options):
     """A :class:`PositionalCategorical` with ``positions`` rows of ``kind`` (seeded)."""
     gen = torch.Generator().manual_seed(seed)
-    return PositionalCategorical(make_rows(positions, vocab_size, kind, generator=gen, **options), name=name or f"positional-{kind}")
+    return PositionalCategorical(
+        make_rows(positions, vocab_size, kind, generator=gen, **options), name=name or f"positional-{kind}"
+    )
 
 
 def markov(vocab_size: int, kind: str = "peaked", *, seed: int, name: str = "", **options):
     """A :class:`MarkovTable` whose V+1 rows are of ``kind`` (seeded)."""
     gen = torch.Generator().manual_seed(seed)
-    return MarkovTable.from_table(make_rows(vocab_size + 1, vocab_size, kind, generator=gen, **options), name=name or f"markov-{kind}")
+    return MarkovTable.from_table(
+        make_rows(vocab_size + 1, vocab_size, kind, generator=gen, **options), name=name or f"markov-{kind}"
+    )
 
 
 def ngram(vocab_size: int, order: int, kind: str = "peaked", *, seed: int, name: str = "", **options):
@@ -382,7 +390,9 @@ def ngram(vocab_size: int, order: int, kind: str = "peaked", *, seed: int, name:
     rows = (vocab_size + 1) ** (order - 1)
     if rows * vocab_size > 1 << 24:
         raise InvalidArgument(f"an order-{order} table over V={vocab_size} has {rows} rows: too large")
-    return NGramTable(make_rows(rows, vocab_size, kind, generator=gen, **options), order=order, name=name or f"ngram{order}-{kind}")
+    return NGramTable(
+        make_rows(rows, vocab_size, kind, generator=gen, **options), order=order, name=name or f"ngram{order}-{kind}"
+    )
 
 
 __all__ += ["positional", "markov", "ngram"]

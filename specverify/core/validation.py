@@ -7,7 +7,7 @@ names the argument and the offending value, e.g.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -37,8 +37,10 @@ def _index(flat_index: int, shape: Sequence[int]) -> str:
 
 def check_int(name: str, value, *, minimum: int | None = None, maximum: int | None = None) -> int:
     """Return ``value`` as an int, or raise if it is not an integer in [minimum, maximum]."""
-    if isinstance(value, bool) or not isinstance(value, (int,)) and not (
-        isinstance(value, torch.Tensor) and value.ndim == 0 and not value.is_floating_point()
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int,))
+        and not (isinstance(value, torch.Tensor) and value.ndim == 0 and not value.is_floating_point())
     ):
         try:
             import numpy as np
@@ -81,9 +83,7 @@ def check_shape(name: str, tensor, shape: Sequence[int | None]) -> torch.Tensor:
     """Require a tensor of the given shape (``None`` matches any size)."""
     if not isinstance(tensor, torch.Tensor):
         raise InvalidArgument(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.ndim != len(shape) or any(
-        want is not None and have != want for have, want in zip(tensor.shape, shape)
-    ):
+    if tensor.ndim != len(shape) or any(want is not None and have != want for have, want in zip(tensor.shape, shape)):
         want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
         raise InvalidArgument(f"{name} must have shape {want}, got {tuple(tensor.shape)}")
     return tensor
@@ -159,7 +159,9 @@ def check_probs(
     if not probs.is_floating_point():
         raise InvalidArgument(f"{name} must have a floating dtype, got {probs.dtype}")
     if probs.ndim < 1 or probs.shape[-1] < 1:
-        raise InvalidArgument(f"{name} must have a non-empty last (vocabulary) dimension, got shape {tuple(probs.shape)}")
+        raise InvalidArgument(
+            f"{name} must have a non-empty last (vocabulary) dimension, got shape {tuple(probs.shape)}"
+        )
     if probs.numel() == 0:
         return probs
     rows = _narrow_broadcast(probs, keep_last=True)  # (..., V) every distinct row at least once

@@ -48,8 +48,18 @@ from specverify.core.results import FAIL, Report, TestResult
 from specverify.core.validation import check_int, check_run_options
 
 from .exact import ExactPlan, analyse_exact
-from .protocol import (ProgressTicker, call_generate, check_determinism, derive_seed, generate_fn, implementation_name,
-                       make_prompts, next_token_probs, normalise_prompts, vocab_size_of)
+from .protocol import (
+    ProgressTicker,
+    call_generate,
+    check_determinism,
+    derive_seed,
+    generate_fn,
+    implementation_name,
+    make_prompts,
+    next_token_probs,
+    normalise_prompts,
+    vocab_size_of,
+)
 from .twosample import analyse_two_sample
 
 __all__ = ["check_decoder", "TierPlan", "TIER_PLANS"]
@@ -70,12 +80,33 @@ class TierPlan:
 
 
 TIER_PLANS = {
-    "smoke": TierPlan(num_prompts=2, num_samples=4000, max_new_tokens=8, determinism_samples=16, max_nodes=6,
-                      min_node_visits=200, greedy_samples=32),
-    "standard": TierPlan(num_prompts=4, num_samples=40_000, max_new_tokens=16, determinism_samples=32, max_nodes=24,
-                         min_node_visits=400, greedy_samples=128),
-    "deep": TierPlan(num_prompts=8, num_samples=400_000, max_new_tokens=32, determinism_samples=64, max_nodes=64,
-                     min_node_visits=1000, greedy_samples=1024),
+    "smoke": TierPlan(
+        num_prompts=2,
+        num_samples=4000,
+        max_new_tokens=8,
+        determinism_samples=16,
+        max_nodes=6,
+        min_node_visits=200,
+        greedy_samples=32,
+    ),
+    "standard": TierPlan(
+        num_prompts=4,
+        num_samples=40_000,
+        max_new_tokens=16,
+        determinism_samples=32,
+        max_nodes=24,
+        min_node_visits=400,
+        greedy_samples=128,
+    ),
+    "deep": TierPlan(
+        num_prompts=8,
+        num_samples=400_000,
+        max_new_tokens=32,
+        determinism_samples=64,
+        max_nodes=64,
+        min_node_visits=1000,
+        greedy_samples=1024,
+    ),
 }
 
 
@@ -86,8 +117,12 @@ def _environment(decoder) -> dict:
 
     device = getattr(decoder, "device", None)
     return {
-        "specverify": specverify.__version__, "torch": torch.__version__, "numpy": np.__version__,
-        "scipy": scipy.__version__, "python": platform.python_version(), "platform": platform.platform(),
+        "specverify": specverify.__version__,
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
         "device": str(device) if device is not None else "cpu",
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
     }
@@ -100,31 +135,58 @@ def _greedy_result(target, prompt: torch.Tensor, tokens: torch.Tensor, vocab_siz
     for _ in range(L):
         probs = next_token_probs(target, seq, vocab_size)  # (1, V)
         seq = torch.cat([seq, probs.argmax(-1, keepdim=True)], dim=1)
-    expected = seq[0, prompt.numel():]  # (L,)
+    expected = seq[0, prompt.numel() :]  # (L,)
     wrong = tokens != expected[None]  # (N, L)
     bad_rows = wrong.any(1).nonzero().flatten()
-    details = {"expected": expected.tolist(), "mismatched_rows": int(bad_rows.numel()),
-               "mismatched_tokens": int(wrong.sum())}
+    details = {
+        "expected": expected.tolist(),
+        "mismatched_rows": int(bad_rows.numel()),
+        "mismatched_tokens": int(wrong.sum()),
+    }
     if bad_rows.numel():
         row = int(bad_rows[0])
         details.update(first_row=row, first_position=int(wrong[row].nonzero()[0]) + 1, observed=tokens[row].tolist())
     return TestResult(
-        statistic=float(wrong.sum()), pvalue=0.0 if bad_rows.numel() else 1.0, name="greedy", family="greedy",
+        statistic=float(wrong.sum()),
+        pvalue=0.0 if bad_rows.numel() else 1.0,
+        name="greedy",
+        family="greedy",
         method="greedy: every row must equal the target's argmax continuation token for token (exact)",
-        n=N * L, scenario=scenario, position="all", details=details)
+        n=N * L,
+        scenario=scenario,
+        position="all",
+        details=details,
+    )
 
 
 def _protocol_result(scenario: str, error: str | None, n: int) -> TestResult:
     return TestResult(
-        statistic=0.0 if error is None else 1.0, pvalue=1.0 if error is None else 0.0, name="protocol",
-        family="protocol", n=n, scenario=scenario, position="",
+        statistic=0.0 if error is None else 1.0,
+        pvalue=1.0 if error is None else 0.0,
+        name="protocol",
+        family="protocol",
+        n=n,
+        scenario=scenario,
+        position="",
         method="protocol: shape, integer dtype, token ids in [0, V), same seed -> same output (exact)",
-        details={} if error is None else {"error": error})
+        details={} if error is None else {"error": error},
+    )
 
 
-def check_decoder(decoder, target=None, *, reference=None, tier: str = "smoke", seed: int = 0, alpha: float = 1e-3,
-                  progress=None, prompts=None, greedy: bool | None = None, num_samples: int | None = None,
-                  max_new_tokens: int | None = None) -> Report:
+def check_decoder(
+    decoder,
+    target=None,
+    *,
+    reference=None,
+    tier: str = "smoke",
+    seed: int = 0,
+    alpha: float = 1e-3,
+    progress=None,
+    prompts=None,
+    greedy: bool | None = None,
+    num_samples: int | None = None,
+    max_new_tokens: int | None = None,
+) -> Report:
     """Check that a whole speculative decoder emits exactly its target's (processed) law.
 
     Parameters
@@ -185,8 +247,14 @@ def check_decoder(decoder, target=None, *, reference=None, tier: str = "smoke", 
     mode = "greedy" if greedy is True else ("exact" if target is not None else "two_sample")
 
     errors: list[str] = []
-    base = dict(kind="decoder", implementation=implementation_name(decoder), tier=tier, seed=seed, alpha=alpha,
-                environment=_environment(decoder))
+    base = dict(
+        kind="decoder",
+        implementation=implementation_name(decoder),
+        tier=tier,
+        seed=seed,
+        alpha=alpha,
+        environment=_environment(decoder),
+    )
 
     # ---- vocabulary and prompts
     V = None
@@ -198,11 +266,18 @@ def check_decoder(decoder, target=None, *, reference=None, tier: str = "smoke", 
             V = next_token_probs(target, probe[None]).shape[-1]
         except ImplementationError as error:
             errors.append(f"target: {error}")
-            return Report(verdict=FAIL, errors=tuple(errors), timings={"total": time.perf_counter() - started},
-                          extra={"mode": mode}, **base)
+            return Report(
+                verdict=FAIL,
+                errors=tuple(errors),
+                timings={"total": time.perf_counter() - started},
+                extra={"mode": mode},
+                **base,
+            )
     else:
         V = vocab_size_of(decoder, reference)
-    prompt_list = normalise_prompts(prompts, V) if prompts is not None else make_prompts(plan.num_prompts, V or 2, seed=seed)
+    prompt_list = (
+        normalise_prompts(prompts, V) if prompts is not None else make_prompts(plan.num_prompts, V or 2, seed=seed)
+    )
     k = getattr(decoder, "k", None)
     k = int(k) if isinstance(k, (int, np.integer)) and not isinstance(k, bool) else None
 
@@ -221,29 +296,45 @@ def check_decoder(decoder, target=None, *, reference=None, tier: str = "smoke", 
             seeds["pit_seed"] = derive_seed(seed, 3, i)
         if mode == "two_sample":
             seeds["reference_seed"] = derive_seed(seed, 4, i)
-        scenario = {"name": name, "mode": mode, "vocab_size": V, **({"k": k} if k is not None else {}), "n": N,
-                    "max_new_tokens": L, "prompt": prompt.tolist(), **seeds,
-                    "description": f"{mode} check of {N} continuations of {L} new tokens after prompt {prompt.tolist()}"}
+        scenario = {
+            "name": name,
+            "mode": mode,
+            "vocab_size": V,
+            **({"k": k} if k is not None else {}),
+            "n": N,
+            "max_new_tokens": L,
+            "prompt": prompt.tolist(),
+            **seeds,
+            "description": f"{mode} check of {N} continuations of {L} new tokens after prompt {prompt.tolist()}",
+        }
         if mode == "two_sample":
             scenario["reference_n"] = plan.reference_factor * N
         scenarios.append(scenario)
         summary = {}
         try:
             t_gen = time.perf_counter()
-            tokens = call_generate(generate, prompt, num_samples=N, max_new_tokens=L, seed=seeds["decoder_seed"],
-                                   vocab_size=V)
+            tokens = call_generate(
+                generate, prompt, num_samples=N, max_new_tokens=L, seed=seeds["decoder_seed"], vocab_size=V
+            )
             summary["generate_seconds"] = time.perf_counter() - t_gen
             summary["tokens_per_second"] = N * L / max(summary["generate_seconds"], 1e-9)
             tick(f"{name}: generate")
-            check_determinism(generate, prompt, num_samples=plan.determinism_samples, max_new_tokens=L,
-                              seed=seeds["determinism_seed"], vocab_size=V)
+            check_determinism(
+                generate,
+                prompt,
+                num_samples=plan.determinism_samples,
+                max_new_tokens=L,
+                seed=seeds["determinism_seed"],
+                vocab_size=V,
+            )
             results.append(_protocol_result(name, None, N))
             tick(f"{name}: determinism")
             if mode == "greedy":
                 results.append(_greedy_result(target, prompt, tokens, V, name))
             elif mode == "exact":
-                analysis = analyse_exact(target, prompt, tokens, V, scenario=name, plan=exact_plan,
-                                         pit_seed=seeds["pit_seed"])
+                analysis = analyse_exact(
+                    target, prompt, tokens, V, scenario=name, plan=exact_plan, pit_seed=seeds["pit_seed"]
+                )
                 summary.update(analysis.summary, all_one_hot=analysis.all_one_hot)
                 if analysis.prompt_probs is not None and V <= 64:
                     scenario["target_probs_preview"] = [float(x) for x in analysis.prompt_probs]
@@ -256,9 +347,15 @@ def check_decoder(decoder, target=None, *, reference=None, tier: str = "smoke", 
                 else:
                     results.extend(analysis.results)
             else:
-                ref_tokens = call_generate(ref_generate, prompt, num_samples=plan.reference_factor * N,
-                                           max_new_tokens=L, seed=seeds["reference_seed"], vocab_size=V,
-                                           role="reference")
+                ref_tokens = call_generate(
+                    ref_generate,
+                    prompt,
+                    num_samples=plan.reference_factor * N,
+                    max_new_tokens=L,
+                    seed=seeds["reference_seed"],
+                    vocab_size=V,
+                    role="reference",
+                )
                 vocab = V if V is not None else int(max(tokens.max(), ref_tokens.max())) + 1
                 scenario["vocab_size"] = vocab
                 results.extend(analyse_two_sample(tokens, ref_tokens, vocab, scenario=name, plan=exact_plan))
@@ -276,5 +373,12 @@ def check_decoder(decoder, target=None, *, reference=None, tier: str = "smoke", 
     extra = {"mode": mode, "tier_plan": dataclasses.asdict(plan), "decoder": summaries}
     if reference is not None:
         extra["reference"] = implementation_name(reference)
-    return Report(verdict=verdict, results=tuple(graded), errors=tuple(errors), scenarios=tuple(scenarios),
-                  timings=timings, extra=extra, **base)
+    return Report(
+        verdict=verdict,
+        results=tuple(graded),
+        errors=tuple(errors),
+        scenarios=tuple(scenarios),
+        timings=timings,
+        extra=extra,
+        **base,
+    )

@@ -98,8 +98,16 @@ def _candidate_nodes(ids: torch.Tensor, plan: ExactPlan) -> list[tuple[int, int,
     return out
 
 
-def analyse_exact(target, prompt: torch.Tensor, tokens: torch.Tensor, vocab_size: int, *, scenario: str,
-                  plan: ExactPlan, pit_seed: int) -> ExactAnalysis:
+def analyse_exact(
+    target,
+    prompt: torch.Tensor,
+    tokens: torch.Tensor,
+    vocab_size: int,
+    *,
+    scenario: str,
+    plan: ExactPlan,
+    pit_seed: int,
+) -> ExactAnalysis:
     """All exact-conditional tests of one scenario (see the module docstring); results are ungraded.
 
     Raises ImplementationError (from the target) if the target misbehaves.
@@ -123,7 +131,7 @@ def analyse_exact(target, prompt: torch.Tensor, tokens: torch.Tensor, vocab_size
     pit_generator = torch.Generator().manual_seed(pit_seed)
     step = max(16, CHUNK_ENTRIES // max(1, L * V))  # rows per chunk
     for s in range(0, N, step):
-        chunk = tokens[s:s + step]  # (b, L)
+        chunk = tokens[s : s + step]  # (b, L)
         b = chunk.shape[0]
         seqs = torch.cat([prompt.expand(b, T), chunk], dim=1)  # (b, T + L)
         cond = target_conditionals(target, seqs, T, V)  # (b, L, V)
@@ -167,15 +175,24 @@ def analyse_exact(target, prompt: torch.Tensor, tokens: torch.Tensor, vocab_size
         visitors = (ids[:, d] == node).numpy()
         counts = np.bincount(tokens_np[visitors, d], minlength=V)
         prefix = tokens_np[first_row, :d].tolist()
-        result = stats.gof_test(counts, row.numpy(), alpha=plan.alpha,
-                                position=f"node=d{d}:{','.join(map(str, prefix))}", **labels)
+        result = stats.gof_test(
+            counts, row.numpy(), alpha=plan.alpha, position=f"node=d{d}:{','.join(map(str, prefix))}", **labels
+        )
         res.append(result.replace(details={**result.details, "node_prefix": prefix, "node_depth": d, "visits": visits}))
         used += 1
     # ---- directed, every token
     pit = stats.pit_test(np.concatenate(pit_values), alpha=plan.alpha, name="pit_p", position="all", **labels)
     res.append(pit.replace(details={**pit.details, "seed": pit_seed}))
-    res.append(stats.score_test(np.concatenate(scores), np.concatenate(variances), alpha=plan.alpha,
-                                name="entropy_score", position="all", **labels))
+    res.append(
+        stats.score_test(
+            np.concatenate(scores),
+            np.concatenate(variances),
+            alpha=plan.alpha,
+            name="entropy_score",
+            position="all",
+            **labels,
+        )
+    )
     # ---- support, every token
     res.append(_support_result(bad_rows, bad_pos, bad_tok, N * L, scenario))
     # ---- independence of the first new tokens
@@ -198,7 +215,18 @@ def _support_result(rows: list, positions: list, toks: list, n: int, scenario: s
         "positions": positions[:20],
         "examples": [{"row": r, "position": p, "token": t} for r, p, t in zip(rows[:10], positions[:10], toks[:10])],
     }
-    method = ("support: emitted tokens whose exact conditional probability at their own prefix is 0 "
-              "(exact; any is a certain failure)")
-    return TestResult(statistic=float(hits), pvalue=0.0 if hits else 1.0, name="support", family="support",
-                      method=method, n=n, scenario=scenario, position="all", details=details)
+    method = (
+        "support: emitted tokens whose exact conditional probability at their own prefix is 0 "
+        "(exact; any is a certain failure)"
+    )
+    return TestResult(
+        statistic=float(hits),
+        pvalue=0.0 if hits else 1.0,
+        name="support",
+        family="support",
+        method=method,
+        n=n,
+        scenario=scenario,
+        position="all",
+        details=details,
+    )

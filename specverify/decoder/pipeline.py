@@ -45,8 +45,15 @@ from reference.rules import verify as canonical_verify
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.validation import check_int, check_tokens
 
-__all__ = ["ProtocolDecoder", "PipelineStats", "PipelineResult", "merge_stats", "check_drafter_output", "acceptance_overlap",
-           "length_law"]
+__all__ = [
+    "ProtocolDecoder",
+    "PipelineStats",
+    "PipelineResult",
+    "merge_stats",
+    "check_drafter_output",
+    "acceptance_overlap",
+    "length_law",
+]
 
 
 @dataclass(frozen=True)
@@ -149,11 +156,15 @@ def check_drafter_output(output, rows: int, k: int, vocab_size: int):
         raise ImplementationError(f"drafter.draft returned {type(output).__name__}, expected (tokens, probs)")
     tokens, probs = (torch.as_tensor(x) for x in output)
     if tuple(tokens.shape) != (rows, k) or tokens.is_floating_point() or tokens.dtype == torch.bool:
-        raise ImplementationError(f"drafter.draft returned tokens of shape {tuple(tokens.shape)} and dtype "
-                                  f"{tokens.dtype}, expected integer ({rows}, {k})")
+        raise ImplementationError(
+            f"drafter.draft returned tokens of shape {tuple(tokens.shape)} and dtype "
+            f"{tokens.dtype}, expected integer ({rows}, {k})"
+        )
     if tuple(probs.shape) != (rows, k, vocab_size) or not probs.is_floating_point():
-        raise ImplementationError(f"drafter.draft returned probs of shape {tuple(probs.shape)} and dtype "
-                                  f"{probs.dtype}, expected floating ({rows}, {k}, {vocab_size})")
+        raise ImplementationError(
+            f"drafter.draft returned probs of shape {tuple(probs.shape)} and dtype "
+            f"{probs.dtype}, expected floating ({rows}, {k}, {vocab_size})"
+        )
     try:
         check_tokens("draft tokens", tokens, vocab_size)
     except InvalidArgument as error:
@@ -204,7 +215,9 @@ class ProtocolDecoder:
 
     def __init__(self, drafter, target, *, k: int, verify=canonical_verify):
         if not callable(getattr(drafter, "draft", None)):
-            raise InvalidArgument(f"drafter must have a .draft(prefix, k, *, generator) method, got {type(drafter).__name__}")
+            raise InvalidArgument(
+                f"drafter must have a .draft(prefix, k, *, generator) method, got {type(drafter).__name__}"
+            )
         if not callable(getattr(target, "next_token_probs", None)):
             raise InvalidArgument(f"target must have a .next_token_probs(prefix) method, got {type(target).__name__}")
         if not callable(verify):
@@ -230,8 +243,10 @@ class ProtocolDecoder:
         """Like :meth:`generate`, returning the tokens and the call's :class:`PipelineStats`."""
         prompt = torch.as_tensor(prompt)
         if prompt.ndim != 1 or prompt.numel() == 0 or prompt.is_floating_point() or prompt.dtype == torch.bool:
-            raise InvalidArgument(f"prompt must be a non-empty 1-D integer tensor, got shape {tuple(prompt.shape)} "
-                                  f"and dtype {prompt.dtype}")
+            raise InvalidArgument(
+                f"prompt must be a non-empty 1-D integer tensor, got shape {tuple(prompt.shape)} "
+                f"and dtype {prompt.dtype}"
+            )
         N = check_int("num_samples", num_samples, minimum=1)
         L = check_int("max_new_tokens", max_new_tokens, minimum=1)
         seed = check_int("seed", seed, minimum=0)
@@ -259,8 +274,10 @@ class ProtocolDecoder:
                 try:
                     output = self.drafter.draft(prefix.clone(), K, generator=generator)
                 except Exception as error:
-                    raise ImplementationError(f"drafter.draft(prefix of shape {tuple(prefix.shape)}, {K}) raised "
-                                              f"{type(error).__name__}: {error}") from error
+                    raise ImplementationError(
+                        f"drafter.draft(prefix of shape {tuple(prefix.shape)}, {K}) raised "
+                        f"{type(error).__name__}: {error}"
+                    ) from error
                 draft_tokens, draft_probs = check_drafter_output(output, B, K, V)
                 target_probs = self._target_block(prefix, draft_tokens, V)  # (B, K+1, V)
                 tokens, num_emitted = self._verify(target_probs, draft_probs, draft_tokens, generator)
@@ -276,13 +293,17 @@ class ProtocolDecoder:
                 length_sum += length_law(target_probs, draft_probs, draft_tokens).sum(0)
                 rounds += B
                 generated += int(num_emitted.sum())
-                seq[rows, ell:ell + K + 1] = tokens  # entries past num_emitted are overwritten later
+                seq[rows, ell : ell + K + 1] = tokens  # entries past num_emitted are overwritten later
                 length[rows] += num_emitted
             active = length - T < L
-        out = seq[:, T:T + L].clone()  # (N, L)
+        out = seq[:, T : T + L].clone()  # (N, L)
         stats = PipelineStats(
-            k=K, rounds=rounds, tokens_generated=generated, tokens_kept=N * L,
-            drafted=tuple(int(x) for x in drafted), accepted=tuple(int(x) for x in accepted),
+            k=K,
+            rounds=rounds,
+            tokens_generated=generated,
+            tokens_kept=N * L,
+            drafted=tuple(int(x) for x in drafted),
+            accepted=tuple(int(x) for x in accepted),
             accept_probs=tuple(np.concatenate(p) if p else np.zeros(0) for p in probs_at),
             length_counts=tuple(int(x) for x in length_counts),
             length_probs_sum=tuple(float(x) for x in length_sum),
@@ -295,13 +316,16 @@ class ProtocolDecoder:
         try:
             rows = self.target.next_token_probs(prefix.clone())
         except Exception as error:
-            raise ImplementationError(f"target.next_token_probs(prefix of shape {tuple(prefix.shape)}) raised "
-                                      f"{type(error).__name__}: {error}") from error
+            raise ImplementationError(
+                f"target.next_token_probs(prefix of shape {tuple(prefix.shape)}) raised {type(error).__name__}: {error}"
+            ) from error
         rows = torch.as_tensor(rows)
         want = (prefix.shape[0], V if V is not None else (rows.shape[-1] if rows.ndim == 2 else -1))
         if tuple(rows.shape) != want or not rows.is_floating_point():
-            raise ImplementationError(f"target.next_token_probs returned shape {tuple(rows.shape)} and dtype "
-                                      f"{rows.dtype}, expected floating {want}")
+            raise ImplementationError(
+                f"target.next_token_probs returned shape {tuple(rows.shape)} and dtype "
+                f"{rows.dtype}, expected floating {want}"
+            )
         return rows.detach().cpu()
 
     def _target_block(self, prefix: torch.Tensor, draft_tokens: torch.Tensor, V: int) -> torch.Tensor:
@@ -313,14 +337,18 @@ class ProtocolDecoder:
             try:
                 rows = self.target.conditionals(extended.clone(), start=ell)
             except Exception as error:
-                raise ImplementationError(f"target.conditionals(sequences of shape {tuple(extended.shape)}, "
-                                          f"start={ell}) raised {type(error).__name__}: {error}") from error
+                raise ImplementationError(
+                    f"target.conditionals(sequences of shape {tuple(extended.shape)}, "
+                    f"start={ell}) raised {type(error).__name__}: {error}"
+                ) from error
             rows = torch.as_tensor(rows)
             if tuple(rows.shape) != (B, K + 1, V) or not rows.is_floating_point():
-                raise ImplementationError(f"target.conditionals returned shape {tuple(rows.shape)} and dtype "
-                                          f"{rows.dtype}, expected floating {(B, K + 1, V)}")
+                raise ImplementationError(
+                    f"target.conditionals returned shape {tuple(rows.shape)} and dtype "
+                    f"{rows.dtype}, expected floating {(B, K + 1, V)}"
+                )
             return rows.detach().cpu()
-        return torch.stack([self._target(extended[:, :ell + j], V) for j in range(K + 1)], 1)  # (B, K+1, V)
+        return torch.stack([self._target(extended[:, : ell + j], V) for j in range(K + 1)], 1)  # (B, K+1, V)
 
     def _verify(self, target_probs, draft_probs, draft_tokens, generator):
         B, K = draft_tokens.shape
@@ -333,10 +361,16 @@ class ProtocolDecoder:
         if not (isinstance(output, (tuple, list)) and len(output) == 2):
             raise ImplementationError(f"verify returned {type(output).__name__}, expected (tokens, num_emitted)")
         tokens, num_emitted = (torch.as_tensor(x) for x in output)
-        if tuple(tokens.shape) != (B, K + 1) or tuple(num_emitted.shape) != (B,) or tokens.is_floating_point() \
-                or num_emitted.is_floating_point():
-            raise ImplementationError(f"verify returned tokens {tuple(tokens.shape)} / num_emitted "
-                                      f"{tuple(num_emitted.shape)}, expected integer ({B}, {K + 1}) / ({B},)")
+        if (
+            tuple(tokens.shape) != (B, K + 1)
+            or tuple(num_emitted.shape) != (B,)
+            or tokens.is_floating_point()
+            or num_emitted.is_floating_point()
+        ):
+            raise ImplementationError(
+                f"verify returned tokens {tuple(tokens.shape)} / num_emitted "
+                f"{tuple(num_emitted.shape)}, expected integer ({B}, {K + 1}) / ({B},)"
+            )
         num_emitted = num_emitted.long().cpu()
         if bool(((num_emitted < 1) | (num_emitted > K + 1)).any()):
             raise ImplementationError(f"verify returned num_emitted outside [1, {K + 1}]: {num_emitted.tolist()[:8]}")
@@ -346,6 +380,9 @@ class ProtocolDecoder:
         bad = valid & ((tokens < 0) | (tokens >= V))
         if bool(bad.any()):
             row, col = (int(i) for i in bad.nonzero()[0])
-            raise ImplementationError(f"verify emitted token {int(tokens[row, col])} (row {row}, position {col + 1}), "
-                                      f"outside the vocabulary [0, {V})", row=row)
+            raise ImplementationError(
+                f"verify emitted token {int(tokens[row, col])} (row {row}, position {col + 1}), "
+                f"outside the vocabulary [0, {V})",
+                row=row,
+            )
         return torch.where(valid, tokens, 0), num_emitted

@@ -69,7 +69,9 @@ def normalise_prompts(prompts, vocab_size: int | None) -> list[torch.Tensor]:
     for i, prompt in enumerate(prompts):
         tensor = torch.as_tensor(prompt)
         if tensor.ndim != 1 or tensor.numel() < 1:
-            raise InvalidArgument(f"prompts[{i}] must be a non-empty 1-D token sequence, got shape {tuple(tensor.shape)}")
+            raise InvalidArgument(
+                f"prompts[{i}] must be a non-empty 1-D token sequence, got shape {tuple(tensor.shape)}"
+            )
         check_tokens(f"prompts[{i}]", tensor, vocab_size if vocab_size is not None else 2**62)
         if int(tensor.min()) < 0:
             raise InvalidArgument(f"prompts[{i}] holds negative token ids: {tensor.tolist()}")
@@ -92,8 +94,10 @@ def generate_fn(decoder, role: str = "decoder"):
         return fn
     if callable(decoder):
         return decoder
-    raise InvalidArgument(f"{role} must have a .generate(prompt, *, num_samples, max_new_tokens, seed) method, "
-                          f"got {type(decoder).__name__}")
+    raise InvalidArgument(
+        f"{role} must have a .generate(prompt, *, num_samples, max_new_tokens, seed) method, "
+        f"got {type(decoder).__name__}"
+    )
 
 
 def vocab_size_of(*objects) -> int | None:
@@ -106,12 +110,22 @@ def vocab_size_of(*objects) -> int | None:
 
 
 def _describe_call(role: str, prompt: torch.Tensor, num_samples: int, max_new_tokens: int, seed: int) -> str:
-    return (f"{role}.generate(prompt={prompt.tolist()}, num_samples={num_samples}, "
-            f"max_new_tokens={max_new_tokens}, seed={seed})")
+    return (
+        f"{role}.generate(prompt={prompt.tolist()}, num_samples={num_samples}, "
+        f"max_new_tokens={max_new_tokens}, seed={seed})"
+    )
 
 
-def call_generate(generate, prompt: torch.Tensor, *, num_samples: int, max_new_tokens: int, seed: int,
-                  vocab_size: int | None, role: str = "decoder") -> torch.Tensor:
+def call_generate(
+    generate,
+    prompt: torch.Tensor,
+    *,
+    num_samples: int,
+    max_new_tokens: int,
+    seed: int,
+    vocab_size: int | None,
+    role: str = "decoder",
+) -> torch.Tensor:
     """Call ``generate`` and validate its output; return it as a CPU (N, L) long tensor.
 
     Raises
@@ -131,7 +145,9 @@ def call_generate(generate, prompt: torch.Tensor, *, num_samples: int, max_new_t
         except Exception:
             raise ImplementationError(f"{call} returned {type(out).__name__}, not a tensor of token ids") from None
     if tuple(out.shape) != (num_samples, max_new_tokens):
-        raise ImplementationError(f"{call} returned shape {tuple(out.shape)}, expected ({num_samples}, {max_new_tokens})")
+        raise ImplementationError(
+            f"{call} returned shape {tuple(out.shape)}, expected ({num_samples}, {max_new_tokens})"
+        )
     if out.is_floating_point() or out.is_complex() or out.dtype == torch.bool:
         raise ImplementationError(f"{call} returned dtype {out.dtype}, expected an integer dtype (torch.long)")
     out = out.detach().to("cpu", torch.long)
@@ -142,24 +158,50 @@ def call_generate(generate, prompt: torch.Tensor, *, num_samples: int, max_new_t
         where = f"[0, {vocab_size})" if vocab_size is not None else "[0, inf)"
         raise ImplementationError(
             f"{call} returned token {int(out[row, col])} at row {row}, position {col + 1}, outside the vocabulary "
-            f"{where} ({int(bad.sum())} such tokens)", row=row)
+            f"{where} ({int(bad.sum())} such tokens)",
+            row=row,
+        )
     return out
 
 
-def check_determinism(generate, prompt: torch.Tensor, *, num_samples: int, max_new_tokens: int, seed: int,
-                      vocab_size: int | None, role: str = "decoder") -> None:
+def check_determinism(
+    generate,
+    prompt: torch.Tensor,
+    *,
+    num_samples: int,
+    max_new_tokens: int,
+    seed: int,
+    vocab_size: int | None,
+    role: str = "decoder",
+) -> None:
     """Two calls with the same seed must return identical outputs; raise ImplementationError otherwise."""
-    first = call_generate(generate, prompt, num_samples=num_samples, max_new_tokens=max_new_tokens, seed=seed,
-                          vocab_size=vocab_size, role=role)
-    second = call_generate(generate, prompt, num_samples=num_samples, max_new_tokens=max_new_tokens, seed=seed,
-                           vocab_size=vocab_size, role=role)
+    first = call_generate(
+        generate,
+        prompt,
+        num_samples=num_samples,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        vocab_size=vocab_size,
+        role=role,
+    )
+    second = call_generate(
+        generate,
+        prompt,
+        num_samples=num_samples,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        vocab_size=vocab_size,
+        role=role,
+    )
     if not torch.equal(first, second):
         diff = (first != second).any(1)  # (N,)
         row = int(diff.nonzero()[0])
         raise ImplementationError(
             f"{_describe_call(role, prompt, num_samples, max_new_tokens, seed)} is not deterministic: two calls "
             f"with the same seed differ in {int(diff.sum())} of {num_samples} rows (row {row}: "
-            f"{first[row].tolist()} vs {second[row].tolist()})", row=row)
+            f"{first[row].tolist()} vs {second[row].tolist()})",
+            row=row,
+        )
 
 
 def _check_target_rows(rows: torch.Tensor, shape: tuple, what: str) -> torch.Tensor:
@@ -184,8 +226,9 @@ def next_token_probs(target, prefix: torch.Tensor, vocab_size: int | None = None
     try:
         rows = target.next_token_probs(prefix)
     except Exception as error:
-        raise ImplementationError(f"target.next_token_probs(prefix of shape {tuple(prefix.shape)}) raised "
-                                  f"{type(error).__name__}: {error}") from error
+        raise ImplementationError(
+            f"target.next_token_probs(prefix of shape {tuple(prefix.shape)}) raised {type(error).__name__}: {error}"
+        ) from error
     V = vocab_size if vocab_size is not None else (rows.shape[-1] if getattr(rows, "ndim", 0) == 2 else -1)
     return _check_target_rows(rows, (prefix.shape[0], V), "next_token_probs")
 
@@ -204,12 +247,14 @@ def target_conditionals(target, sequences: torch.Tensor, start: int, vocab_size:
         try:
             rows = target.conditionals(seqs, start=start)
         except Exception as error:
-            raise ImplementationError(f"target.conditionals(sequences of shape {(B, S)}, start={start}) raised "
-                                      f"{type(error).__name__}: {error}") from error
+            raise ImplementationError(
+                f"target.conditionals(sequences of shape {(B, S)}, start={start}) raised "
+                f"{type(error).__name__}: {error}"
+            ) from error
         return _check_target_rows(rows, (B, L, vocab_size), "conditionals")
     out = torch.empty(B, L, vocab_size, dtype=torch.float64)  # (B, L, V)
     for j in range(L):
-        out[:, j] = next_token_probs(target, seqs[:, :start + j], vocab_size)
+        out[:, j] = next_token_probs(target, seqs[:, : start + j], vocab_size)
     return out
 
 

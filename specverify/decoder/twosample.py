@@ -34,8 +34,9 @@ __all__ = ["analyse_two_sample", "MAX_PAIR_CATEGORIES"]
 MAX_PAIR_CATEGORIES = 1 << 20
 
 
-def analyse_two_sample(tokens: torch.Tensor, reference_tokens: torch.Tensor, vocab_size: int, *, scenario: str,
-                       plan: ExactPlan) -> list[TestResult]:
+def analyse_two_sample(
+    tokens: torch.Tensor, reference_tokens: torch.Tensor, vocab_size: int, *, scenario: str, plan: ExactPlan
+) -> list[TestResult]:
     """Two-sample tests of ``tokens`` (N, L) against ``reference_tokens`` (M, L); results are ungraded."""
     N, L = tokens.shape
     V = vocab_size
@@ -43,8 +44,11 @@ def analyse_two_sample(tokens: torch.Tensor, reference_tokens: torch.Tensor, voc
     a, b = tokens.numpy(), reference_tokens.numpy()
     out = []
     for j in range(L):
-        out.append(stats.two_sample_test(np.bincount(a[:, j], minlength=V), np.bincount(b[:, j], minlength=V),
-                                         position=f"abs={j + 1}", **labels))
+        out.append(
+            stats.two_sample_test(
+                np.bincount(a[:, j], minlength=V), np.bincount(b[:, j], minlength=V), position=f"abs={j + 1}", **labels
+            )
+        )
     if L >= 2 and V * V <= MAX_PAIR_CATEGORIES:
         pair_a = np.bincount(a[:, 0] * V + a[:, 1], minlength=V * V)
         pair_b = np.bincount(b[:, 0] * V + b[:, 1], minlength=V * V)
@@ -62,8 +66,21 @@ def analyse_two_sample(tokens: torch.Tensor, reference_tokens: torch.Tensor, voc
         in_a, in_b = ids_a[:, d] == node, ids_b[:, d] == node
         first = int(np.flatnonzero(in_a)[0])
         prefix = a[first, :d].tolist()
-        result = stats.two_sample_test(np.bincount(a[in_a, d], minlength=V), np.bincount(b[in_b, d], minlength=V),
-                                       position=f"node=d{d}:{','.join(map(str, prefix))}", **labels)
-        out.append(result.replace(details={**result.details, "node_prefix": prefix, "node_depth": d,
-                                           "visits": visits, "reference_visits": int(in_b.sum())}))
+        result = stats.two_sample_test(
+            np.bincount(a[in_a, d], minlength=V),
+            np.bincount(b[in_b, d], minlength=V),
+            position=f"node=d{d}:{','.join(map(str, prefix))}",
+            **labels,
+        )
+        out.append(
+            result.replace(
+                details={
+                    **result.details,
+                    "node_prefix": prefix,
+                    "node_depth": d,
+                    "visits": visits,
+                    "reference_visits": int(in_b.sum()),
+                }
+            )
+        )
     return out

@@ -35,12 +35,18 @@ import numpy as np
 from scipy import stats as _st
 
 from specverify import stats
-from specverify.drafter import costmodel
-from specverify.decoder.pipeline import PipelineStats
 from specverify.core.results import TestResult
+from specverify.decoder.pipeline import PipelineStats
+from specverify.drafter import costmodel
 
-__all__ = ["clopper_pearson", "acceptance_results", "efficiency_section", "acceptance_entry", "DEFAULT_DRAFT_COSTS",
-           "CI_LEVEL"]
+__all__ = [
+    "clopper_pearson",
+    "acceptance_results",
+    "efficiency_section",
+    "acceptance_entry",
+    "DEFAULT_DRAFT_COSTS",
+    "CI_LEVEL",
+]
 
 #: Drafter cost (drafter pass / target pass) values for which the speedup curve is reported when none is given.
 DEFAULT_DRAFT_COSTS = (0.01, 0.05, 0.1, 0.25)
@@ -66,21 +72,38 @@ def acceptance_results(run: PipelineStats, *, alpha: float, scenario: str) -> li
     for i in range(run.k):
         if run.drafted[i] == 0:
             continue
-        out.append(stats.acceptance_test(run.accepted[i], run.accept_probs[i], alpha=alpha, name="acceptance",
-                                         family="acceptance", scenario=scenario, position=f"draft={i + 1}"))
+        out.append(
+            stats.acceptance_test(
+                run.accepted[i],
+                run.accept_probs[i],
+                alpha=alpha,
+                name="acceptance",
+                family="acceptance",
+                scenario=scenario,
+                position=f"draft={i + 1}",
+            )
+        )
     return out
 
 
 def acceptance_entry(run: PipelineStats) -> dict:
     """``Report.extra["acceptance"][scenario]`` in the report renderer's documented format."""
     positions = [
-        {"position": i + 1, "observed_rate": run.acceptance_rate[i], "expected_rate": run.expected_acceptance_rate[i],
-         "n": run.drafted[i]}
-        for i in range(run.k) if run.drafted[i]
+        {
+            "position": i + 1,
+            "observed_rate": run.acceptance_rate[i],
+            "expected_rate": run.expected_acceptance_rate[i],
+            "n": run.drafted[i],
+        }
+        for i in range(run.k)
+        if run.drafted[i]
     ]
     total = sum(run.length_probs_sum)
-    return {"positions": positions, "length_counts": list(run.length_counts),
-            "length_probs": [x / total for x in run.length_probs_sum] if total > 0 else []}
+    return {
+        "positions": positions,
+        "length_counts": list(run.length_counts),
+        "length_probs": [x / total for x in run.length_probs_sum] if total > 0 else [],
+    }
 
 
 def _speedup_block(rates: np.ndarray, k: int, cost: float, target_seconds: float | None) -> dict:
@@ -98,18 +121,30 @@ def _speedup_block(rates: np.ndarray, k: int, cost: float, target_seconds: float
     return block
 
 
-def efficiency_section(run: PipelineStats, *, draft_cost: float | None, model_params: float | None,
-                       bandwidth: float, bytes_per_param: float) -> dict:
+def efficiency_section(
+    run: PipelineStats,
+    *,
+    draft_cost: float | None,
+    model_params: float | None,
+    bandwidth: float,
+    bytes_per_param: float,
+) -> dict:
     """``Report.extra["efficiency"]``: the numbers listed in the module docstring (JSON-able)."""
     K = run.k
     positions = []
     for i in range(K):
         low, high = clopper_pearson(run.accepted[i], run.drafted[i])
-        positions.append({
-            "position": i + 1, "drafted": run.drafted[i], "accepted": run.accepted[i],
-            "observed_rate": run.acceptance_rate[i], "ci_low": low, "ci_high": high,
-            "expected_rate": run.expected_acceptance_rate[i],
-        })
+        positions.append(
+            {
+                "position": i + 1,
+                "drafted": run.drafted[i],
+                "accepted": run.accepted[i],
+                "observed_rate": run.acceptance_rate[i],
+                "ci_low": low,
+                "ci_high": high,
+                "expected_rate": run.expected_acceptance_rate[i],
+            }
+        )
     counts = np.asarray(run.length_counts, dtype=np.float64)
     lengths = np.arange(K + 1)
     rounds = max(run.rounds, 1)
@@ -133,16 +168,20 @@ def efficiency_section(run: PipelineStats, *, draft_cost: float | None, model_pa
         "length_counts": list(run.length_counts),
         "length_probs": acceptance_entry(run)["length_probs"],
         "model_note": "speedup = E[tokens per round] / (c K + 1) (Leviathan et al. 2023) with the observed "
-                      "per-position rates; positions past the audited K assume the last observed rate",
+        "per-position rates; positions past the audited K assume the last observed rate",
     }
     rates = np.array([r if np.isfinite(r) else 0.0 for r in run.acceptance_rate], dtype=np.float64)
     target_seconds = None
     if model_params is not None:
-        target_seconds = costmodel.target_pass_seconds(model_params, bytes_per_parameter=bytes_per_param,
-                                                        bandwidth_bytes_per_s=bandwidth)
+        target_seconds = costmodel.target_pass_seconds(
+            model_params, bytes_per_parameter=bytes_per_param, bandwidth_bytes_per_s=bandwidth
+        )
         section["latency"] = {
-            "model_params": model_params, "bytes_per_param": bytes_per_param, "bandwidth_bytes_per_s": bandwidth,
-            "target_pass_seconds": target_seconds, "plain_decoding_seconds_per_token": target_seconds,
+            "model_params": model_params,
+            "bytes_per_param": bytes_per_param,
+            "bandwidth_bytes_per_s": bandwidth,
+            "target_pass_seconds": target_seconds,
+            "plain_decoding_seconds_per_token": target_seconds,
             "note": "memory-bound lower bound: one target pass reads every weight once",
         }
     costs = (draft_cost,) if draft_cost is not None else DEFAULT_DRAFT_COSTS

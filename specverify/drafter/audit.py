@@ -45,15 +45,15 @@ import torch
 
 from reference.rules import verify as canonical_verify
 from specverify import stats
-from specverify.decoder import check_decoder
-from specverify.decoder.protocol import ProgressTicker, derive_seed, implementation_name, make_prompts, next_token_probs
 from specverify.core.errors import ImplementationError, InvalidArgument
-from specverify.decoder.pipeline import ProtocolDecoder, merge_stats
 from specverify.core.results import FAIL, Report, TestResult
 from specverify.core.validation import check_int, check_run_options
+from specverify.decoder import check_decoder
+from specverify.decoder.pipeline import ProtocolDecoder, merge_stats
+from specverify.decoder.protocol import ProgressTicker, derive_seed, implementation_name, make_prompts, next_token_probs
 
-from .consistency import analyse_consistency, check_drafter_determinism, consistency_summary, draw_drafts
 from .acceptance import acceptance_entry, acceptance_results, efficiency_section
+from .consistency import analyse_consistency, check_drafter_determinism, consistency_summary, draw_drafts
 
 __all__ = ["audit_drafter", "AuditPlan", "AUDIT_PLANS", "DEFAULT_K"]
 
@@ -73,33 +73,56 @@ class AuditPlan:
 
 
 AUDIT_PLANS = {
-    "smoke": AuditPlan(num_prompts=2, consistency_samples=20_000, determinism_samples=16, efficiency_samples=2000,
-                       efficiency_tokens=16),
-    "standard": AuditPlan(num_prompts=4, consistency_samples=200_000, determinism_samples=32,
-                          efficiency_samples=20_000, efficiency_tokens=32),
-    "deep": AuditPlan(num_prompts=8, consistency_samples=2_000_000, determinism_samples=64,
-                      efficiency_samples=200_000, efficiency_tokens=64),
+    "smoke": AuditPlan(
+        num_prompts=2, consistency_samples=20_000, determinism_samples=16, efficiency_samples=2000, efficiency_tokens=16
+    ),
+    "standard": AuditPlan(
+        num_prompts=4,
+        consistency_samples=200_000,
+        determinism_samples=32,
+        efficiency_samples=20_000,
+        efficiency_tokens=32,
+    ),
+    "deep": AuditPlan(
+        num_prompts=8,
+        consistency_samples=2_000_000,
+        determinism_samples=64,
+        efficiency_samples=200_000,
+        efficiency_tokens=64,
+    ),
 }
 
 
 def _positive(name: str, value, *, allow_none: bool = False, allow_zero: bool = False):
     if value is None and allow_none:
         return None
-    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool) \
-        and math.isfinite(float(value)) and (float(value) >= 0 if allow_zero else float(value) > 0)
+    ok = (
+        isinstance(value, (int, float, np.integer, np.floating))
+        and not isinstance(value, bool)
+        and math.isfinite(float(value))
+        and (float(value) >= 0 if allow_zero else float(value) > 0)
+    )
     if not ok:
         bound = ">= 0" if allow_zero else "> 0"
-        raise InvalidArgument(f"{name} must be a finite number {bound}{' or None' if allow_none else ''}, got {value!r}")
+        raise InvalidArgument(
+            f"{name} must be a finite number {bound}{' or None' if allow_none else ''}, got {value!r}"
+        )
     return float(value)
 
 
 def _protocol_result(scenario: str, error: str | None, n: int) -> TestResult:
     return TestResult(
-        statistic=0.0 if error is None else 1.0, pvalue=1.0 if error is None else 0.0, name="protocol",
-        family="protocol", n=n, scenario=scenario, position="",
+        statistic=0.0 if error is None else 1.0,
+        pvalue=1.0 if error is None else 0.0,
+        name="protocol",
+        family="protocol",
+        n=n,
+        scenario=scenario,
+        position="",
         method="protocol: drafter output shapes, dtypes, token ids in [0, V), finite non-negative q, "
-               "same generator seed -> same drafts (exact)",
-        details={} if error is None else {"error": error})
+        "same generator seed -> same drafts (exact)",
+        details={} if error is None else {"error": error},
+    )
 
 
 def _diagnosis(graded, errors) -> dict:
@@ -107,28 +130,50 @@ def _diagnosis(graded, errors) -> dict:
     drafter = [r for r in failing if r.family == "consistency"]
     if drafter:
         tests = sorted({f"{r.name}@{r.position}" for r in drafter})
-        return {"culprit": "drafter", "message": "the drafter's samples do not follow its reported q "
-                f"(failed: {', '.join(tests[:8])}); speculative sampling is lossless only when q is the law "
-                "the drafts were drawn from", "failed_tests": tests}
+        return {
+            "culprit": "drafter",
+            "message": "the drafter's samples do not follow its reported q "
+            f"(failed: {', '.join(tests[:8])}); speculative sampling is lossless only when q is the law "
+            "the drafts were drawn from",
+            "failed_tests": tests,
+        }
     if errors:
         return {"culprit": "protocol", "message": "a component raised or returned malformed output: " + errors[0]}
     pipeline = [r for r in failing if r.scenario.startswith("pipeline:")]
     if pipeline:
         tests = sorted({f"{r.family}/{r.name}@{r.scenario}/{r.position}" for r in pipeline})
-        return {"culprit": "verifier", "message": "the drafter is consistent but the pipeline's output law is not "
-                "the target's: the verifier (or its wiring) is lossy", "failed_tests": tests}
+        return {
+            "culprit": "verifier",
+            "message": "the drafter is consistent but the pipeline's output law is not "
+            "the target's: the verifier (or its wiring) is lossy",
+            "failed_tests": tests,
+        }
     accept = [r for r in failing if r.family == "acceptance"]
     if accept:
         tests = sorted({f"{r.name}@{r.position}" for r in accept})
-        return {"culprit": "verifier", "message": "acceptance rates differ from the exact sum_x min(p, q): "
-                "the accept step is broken", "failed_tests": tests}
+        return {
+            "culprit": "verifier",
+            "message": "acceptance rates differ from the exact sum_x min(p, q): the accept step is broken",
+            "failed_tests": tests,
+        }
     return {"culprit": None, "message": "no failure"}
 
 
-def audit_drafter(drafter, target, *, verifier=None, tier: str = "smoke", seed: int = 0, alpha: float = 1e-3,
-                  progress=None, k: int | None = None, draft_cost: float | None = None,
-                  model_params: float | None = None, bandwidth: float = 3.35e12,
-                  bytes_per_param: float = 2) -> Report:
+def audit_drafter(
+    drafter,
+    target,
+    *,
+    verifier=None,
+    tier: str = "smoke",
+    seed: int = 0,
+    alpha: float = 1e-3,
+    progress=None,
+    k: int | None = None,
+    draft_cost: float | None = None,
+    model_params: float | None = None,
+    bandwidth: float = 3.35e12,
+    bytes_per_param: float = 2,
+) -> Report:
     """Audit a drafter: consistency of its reported q, losslessness of the pipeline, efficiency.
 
     Parameters
@@ -168,12 +213,15 @@ def audit_drafter(drafter, target, *, verifier=None, tier: str = "smoke", seed: 
     started = time.perf_counter()
     seed, alpha = check_run_options(tier, AUDIT_PLANS, seed, alpha, progress)
     if not callable(getattr(drafter, "draft", None)):
-        raise InvalidArgument(f"drafter must have a .draft(prefix, k, *, generator) method, got {type(drafter).__name__}")
+        raise InvalidArgument(
+            f"drafter must have a .draft(prefix, k, *, generator) method, got {type(drafter).__name__}"
+        )
     if not callable(getattr(target, "next_token_probs", None)):
         raise InvalidArgument(f"target must have a .next_token_probs(prefix) method, got {type(target).__name__}")
     if verifier is not None and not callable(verifier):
-        raise InvalidArgument(f"verifier must be callable(target_probs, draft_probs, draft_tokens, *, generator), "
-                              f"got {verifier!r}")
+        raise InvalidArgument(
+            f"verifier must be callable(target_probs, draft_probs, draft_tokens, *, generator), got {verifier!r}"
+        )
     if k is None:
         own = getattr(drafter, "k", None)
         k = own if isinstance(own, int) and not isinstance(own, bool) and own >= 1 else DEFAULT_K
@@ -190,8 +238,12 @@ def audit_drafter(drafter, target, *, verifier=None, tier: str = "smoke", seed: 
     results: list[TestResult] = []
     scenarios: list[dict] = []
     timings: dict[str, float] = {}
-    extra: dict = {"k": k, "verifier": implementation_name(verify), "target": implementation_name(target),
-                   "tier_plan": dataclasses.asdict(plan)}
+    extra: dict = {
+        "k": k,
+        "verifier": implementation_name(verify),
+        "target": implementation_name(target),
+        "tier_plan": dataclasses.asdict(plan),
+    }
     tick = ProgressTicker(progress, plan.num_prompts + 2)
 
     try:
@@ -199,8 +251,9 @@ def audit_drafter(drafter, target, *, verifier=None, tier: str = "smoke", seed: 
     except ImplementationError as error:
         errors.append(f"target: {error}")
         extra["diagnosis"] = _diagnosis((), errors)
-        return Report(verdict=FAIL, errors=tuple(errors), timings={"total": time.perf_counter() - started},
-                      extra=extra, **base)
+        return Report(
+            verdict=FAIL, errors=tuple(errors), timings={"total": time.perf_counter() - started}, extra=extra, **base
+        )
     extra["vocab_size"] = V
     prompts = make_prompts(plan.num_prompts, V, seed=seed)
 
@@ -209,20 +262,46 @@ def audit_drafter(drafter, target, *, verifier=None, tier: str = "smoke", seed: 
     for i, prompt in enumerate(prompts):
         t0 = time.perf_counter()
         name = f"consistency:prompt{i}"
-        seeds = {"draft_seed": derive_seed(seed, 31, i), "determinism_seed": derive_seed(seed, 32, i),
-                 "pit_seed": derive_seed(seed, 33, i)}
-        scenarios.append({"name": name, "part": "consistency", "vocab_size": V, "k": k,
-                          "n": plan.consistency_samples, "prompt": prompt.tolist(), **seeds,
-                          "description": f"{plan.consistency_samples} drafts of {k} tokens after prefix "
-                                         f"{prompt.tolist()}, each token tested against its own reported q row"})
+        seeds = {
+            "draft_seed": derive_seed(seed, 31, i),
+            "determinism_seed": derive_seed(seed, 32, i),
+            "pit_seed": derive_seed(seed, 33, i),
+        }
+        scenarios.append(
+            {
+                "name": name,
+                "part": "consistency",
+                "vocab_size": V,
+                "k": k,
+                "n": plan.consistency_samples,
+                "prompt": prompt.tolist(),
+                **seeds,
+                "description": f"{plan.consistency_samples} drafts of {k} tokens after prefix "
+                f"{prompt.tolist()}, each token tested against its own reported q row",
+            }
+        )
         try:
-            check_drafter_determinism(drafter, prompt, num_samples=plan.determinism_samples, k=k, vocab_size=V,
-                                      seed=seeds["determinism_seed"])
-            tokens, probs = draw_drafts(drafter, prompt, num_samples=plan.consistency_samples, k=k, vocab_size=V,
-                                        generator=torch.Generator().manual_seed(seeds["draft_seed"]))
+            check_drafter_determinism(
+                drafter, prompt, num_samples=plan.determinism_samples, k=k, vocab_size=V, seed=seeds["determinism_seed"]
+            )
+            tokens, probs = draw_drafts(
+                drafter,
+                prompt,
+                num_samples=plan.consistency_samples,
+                k=k,
+                vocab_size=V,
+                generator=torch.Generator().manual_seed(seeds["draft_seed"]),
+            )
             results.append(_protocol_result(name, None, plan.consistency_samples))
-            results.extend(analyse_consistency(tokens, probs, scenario=name, alpha=alpha,
-                                               pit_generator=torch.Generator().manual_seed(seeds["pit_seed"])))
+            results.extend(
+                analyse_consistency(
+                    tokens,
+                    probs,
+                    scenario=name,
+                    alpha=alpha,
+                    pit_generator=torch.Generator().manual_seed(seeds["pit_seed"]),
+                )
+            )
             summaries[name] = consistency_summary(tokens, probs)
             if V <= 64:
                 scenarios[-1]["draft_probs_preview"] = [float(x) for x in probs[0, 0]]
@@ -249,18 +328,31 @@ def audit_drafter(drafter, target, *, verifier=None, tier: str = "smoke", seed: 
     # (c) efficiency
     t0 = time.perf_counter()
     eff_seeds = [derive_seed(seed, 51, i) for i in range(len(prompts))]
-    scenarios.append({"name": "efficiency", "part": "efficiency", "vocab_size": V, "k": k,
-                      "n": plan.efficiency_samples * len(prompts), "max_new_tokens": plan.efficiency_tokens,
-                      "decoder_seeds": eff_seeds,
-                      "description": f"{plan.efficiency_samples} continuations of {plan.efficiency_tokens} tokens "
-                                     f"per prompt through the pipeline; acceptance vs exact sum_x min(p, q)"})
+    scenarios.append(
+        {
+            "name": "efficiency",
+            "part": "efficiency",
+            "vocab_size": V,
+            "k": k,
+            "n": plan.efficiency_samples * len(prompts),
+            "max_new_tokens": plan.efficiency_tokens,
+            "decoder_seeds": eff_seeds,
+            "description": f"{plan.efficiency_samples} continuations of {plan.efficiency_tokens} tokens "
+            f"per prompt through the pipeline; acceptance vs exact sum_x min(p, q)",
+        }
+    )
     try:
-        runs = [decoder.decode(prompt, num_samples=plan.efficiency_samples, max_new_tokens=plan.efficiency_tokens,
-                               seed=s).stats for prompt, s in zip(prompts, eff_seeds)]
+        runs = [
+            decoder.decode(
+                prompt, num_samples=plan.efficiency_samples, max_new_tokens=plan.efficiency_tokens, seed=s
+            ).stats
+            for prompt, s in zip(prompts, eff_seeds)
+        ]
         run = merge_stats(runs)
         results.extend(acceptance_results(run, alpha=alpha, scenario="efficiency"))
-        extra["efficiency"] = efficiency_section(run, draft_cost=draft_cost, model_params=model_params,
-                                                 bandwidth=bandwidth, bytes_per_param=bytes_per_param)
+        extra["efficiency"] = efficiency_section(
+            run, draft_cost=draft_cost, model_params=model_params, bandwidth=bandwidth, bytes_per_param=bytes_per_param
+        )
         extra["acceptance"] = {"efficiency": acceptance_entry(run)}
     except ImplementationError as error:
         errors.append(f"efficiency: {error}")
@@ -272,5 +364,13 @@ def audit_drafter(drafter, target, *, verifier=None, tier: str = "smoke", seed: 
     verdict = FAIL if errors else (stats.verdict(graded) if graded else FAIL)
     extra["diagnosis"] = _diagnosis(graded, errors)
     timings["total"] = time.perf_counter() - started
-    return Report(verdict=verdict, results=tuple(graded), errors=tuple(errors), scenarios=tuple(scenarios),
-                  timings=timings, environment=pipeline.environment, extra=extra, **base)
+    return Report(
+        verdict=verdict,
+        results=tuple(graded),
+        errors=tuple(errors),
+        scenarios=tuple(scenarios),
+        timings=timings,
+        environment=pipeline.environment,
+        extra=extra,
+        **base,
+    )

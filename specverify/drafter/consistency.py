@@ -39,11 +39,17 @@ import torch
 
 from specverify import stats
 from specverify.core.errors import ImplementationError
-from specverify.decoder.pipeline import check_drafter_output
 from specverify.core.results import TestResult
+from specverify.decoder.pipeline import check_drafter_output
 
-__all__ = ["draw_drafts", "check_drafter_determinism", "analyse_consistency", "consistency_summary",
-           "NORMALISATION_ATOL", "DRAFT_CHUNK"]
+__all__ = [
+    "draw_drafts",
+    "check_drafter_determinism",
+    "analyse_consistency",
+    "consistency_summary",
+    "NORMALISATION_ATOL",
+    "DRAFT_CHUNK",
+]
 
 #: Tolerance on the row sums of a reported q.
 NORMALISATION_ATOL = 1e-4
@@ -51,8 +57,16 @@ NORMALISATION_ATOL = 1e-4
 DRAFT_CHUNK = 8192
 
 
-def draw_drafts(drafter, prefix: torch.Tensor, *, num_samples: int, k: int, vocab_size: int,
-                generator: torch.Generator, chunk: int = DRAFT_CHUNK):
+def draw_drafts(
+    drafter,
+    prefix: torch.Tensor,
+    *,
+    num_samples: int,
+    k: int,
+    vocab_size: int,
+    generator: torch.Generator,
+    chunk: int = DRAFT_CHUNK,
+):
     """``num_samples`` drafts of length k after ``prefix`` (T,): tokens (N, K) long, probs (N, K, V) float64."""
     tokens, probs = [], []
     for start in range(0, num_samples, chunk):
@@ -61,25 +75,38 @@ def draw_drafts(drafter, prefix: torch.Tensor, *, num_samples: int, k: int, voca
         try:
             output = drafter.draft(batch, k, generator=generator)
         except Exception as error:
-            raise ImplementationError(f"drafter.draft(prefix {prefix.tolist()} x {b} rows, {k}) raised "
-                                      f"{type(error).__name__}: {error}") from error
+            raise ImplementationError(
+                f"drafter.draft(prefix {prefix.tolist()} x {b} rows, {k}) raised {type(error).__name__}: {error}"
+            ) from error
         tok, pr = check_drafter_output(output, b, k, vocab_size)
         tokens.append(tok.cpu())
         probs.append(pr.detach().to("cpu", torch.float64))
     return torch.cat(tokens), torch.cat(probs)  # (N, K), (N, K, V)
 
 
-def check_drafter_determinism(drafter, prefix: torch.Tensor, *, num_samples: int, k: int, vocab_size: int,
-                              seed: int) -> None:
+def check_drafter_determinism(
+    drafter, prefix: torch.Tensor, *, num_samples: int, k: int, vocab_size: int, seed: int
+) -> None:
     """Two ``draft`` calls with generators of the same seed must agree; ImplementationError otherwise."""
-    runs = [draw_drafts(drafter, prefix, num_samples=num_samples, k=k, vocab_size=vocab_size,
-                        generator=torch.Generator().manual_seed(seed)) for _ in range(2)]
+    runs = [
+        draw_drafts(
+            drafter,
+            prefix,
+            num_samples=num_samples,
+            k=k,
+            vocab_size=vocab_size,
+            generator=torch.Generator().manual_seed(seed),
+        )
+        for _ in range(2)
+    ]
     (tok_a, probs_a), (tok_b, probs_b) = runs
     if not torch.equal(tok_a, tok_b) or not torch.equal(probs_a, probs_b):
         row = int(((tok_a != tok_b).any(1) | (probs_a != probs_b).flatten(1).any(1)).nonzero()[0])
         raise ImplementationError(
             f"drafter.draft is not deterministic: two calls with generators seeded {seed} differ "
-            f"(prefix {prefix.tolist()}, row {row}: {tok_a[row].tolist()} vs {tok_b[row].tolist()})", row=row)
+            f"(prefix {prefix.tolist()}, row {row}: {tok_a[row].tolist()} vs {tok_b[row].tolist()})",
+            row=row,
+        )
 
 
 def _support_result(tokens, probs, *, scenario: str) -> TestResult:
@@ -89,12 +116,23 @@ def _support_result(tokens, probs, *, scenario: str) -> TestResult:
     details = {"violations": hits}
     if hits:
         rows, cols = bad.nonzero(as_tuple=True)
-        details.update(tokens=sorted(set(tokens[rows, cols].tolist()))[:100], first_row=int(rows[0]),
-                       first_position=int(cols[0]) + 1, positions=sorted(set((cols + 1).tolist())))
+        details.update(
+            tokens=sorted(set(tokens[rows, cols].tolist()))[:100],
+            first_row=int(rows[0]),
+            first_position=int(cols[0]) + 1,
+            positions=sorted(set((cols + 1).tolist())),
+        )
     return TestResult(
-        statistic=float(hits), pvalue=0.0 if hits else 1.0, name="consistency_support", family="consistency",
+        statistic=float(hits),
+        pvalue=0.0 if hits else 1.0,
+        name="consistency_support",
+        family="consistency",
         method="support: drafted tokens whose own reported q is exactly 0 (exact; any is a certain failure)",
-        n=int(tokens.numel()), scenario=scenario, position="all", details=details)
+        n=int(tokens.numel()),
+        scenario=scenario,
+        position="all",
+        details=details,
+    )
 
 
 def _normalisation_result(probs, *, scenario: str) -> TestResult:
@@ -102,19 +140,31 @@ def _normalisation_result(probs, *, scenario: str) -> TestResult:
     off = (sums - 1.0).abs()
     worst = float(off.max()) if off.numel() else 0.0
     bad = off > NORMALISATION_ATOL
-    details = {"max_abs_deviation": worst, "rows_off": int(bad.sum()),
-               "min_sum": float(sums.min()), "max_sum": float(sums.max())}
+    details = {
+        "max_abs_deviation": worst,
+        "rows_off": int(bad.sum()),
+        "min_sum": float(sums.min()),
+        "max_sum": float(sums.max()),
+    }
     if bool(bad.any()):
         r, c = (int(i) for i in bad.nonzero()[0])
         details.update(first_row=r, first_position=c + 1, first_sum=float(sums[r, c]))
     return TestResult(
-        statistic=worst, pvalue=0.0 if bool(bad.any()) else 1.0, name="consistency_normalised", family="consistency",
+        statistic=worst,
+        pvalue=0.0 if bool(bad.any()) else 1.0,
+        name="consistency_normalised",
+        family="consistency",
         method=f"reported q rows must sum to 1 within {NORMALISATION_ATOL:g} (exact; any row off is a certain failure)",
-        n=int(sums.numel()), scenario=scenario, position="all", details=details)
+        n=int(sums.numel()),
+        scenario=scenario,
+        position="all",
+        details=details,
+    )
 
 
-def analyse_consistency(tokens: torch.Tensor, probs: torch.Tensor, *, scenario: str, alpha: float,
-                        pit_generator: torch.Generator) -> list[TestResult]:
+def analyse_consistency(
+    tokens: torch.Tensor, probs: torch.Tensor, *, scenario: str, alpha: float, pit_generator: torch.Generator
+) -> list[TestResult]:
     """The consistency tests of one prefix (see the module docstring); results are ungraded.
 
     Parameters
@@ -134,8 +184,11 @@ def analyse_consistency(tokens: torch.Tensor, probs: torch.Tensor, *, scenario: 
         counts = torch.bincount(x, minlength=V).numpy()
         expected = rows[:, i].sum(0).numpy()  # (V,) sum of the reported rows
         gof = stats.gof_test(counts, expected, alpha=alpha, name="consistency_gof", **label)
-        results.append(gof.replace(method=gof.method + "; expected = sum of the reported rows (conservative past "
-                                   "draft position 1)"))
+        results.append(
+            gof.replace(
+                method=gof.method + "; expected = sum of the reported rows (conservative past draft position 1)"
+            )
+        )
         pit = stats.randomised_pit(rows[:, i].numpy(), x.numpy(), generator=pit_generator, order="p")
         results.append(stats.pit_test(pit, alpha=alpha, name="consistency_pit", **label))
     return results
@@ -148,7 +201,9 @@ def consistency_summary(tokens: torch.Tensor, probs: torch.Tensor) -> dict:
     counts = torch.bincount(x, minlength=V).double()
     reported = probs[:, 0].sum(0)
     top = torch.argsort(-(counts + reported), stable=True)[: min(V, 8)]
-    return {"position1_top_tokens": [
-        {"token": int(t), "observed_freq": float(counts[t] / N), "reported_q": float(reported[t] / N)} for t in top
-    ], "samples": int(N)}
-
+    return {
+        "position1_top_tokens": [
+            {"token": int(t), "observed_freq": float(counts[t] / N), "reported_q": float(reported[t] / N)} for t in top
+        ],
+        "samples": int(N),
+    }

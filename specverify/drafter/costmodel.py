@@ -17,6 +17,7 @@ bf16 model on an H100: 16 GB / 3.35 TB/s ~ 4.8 ms).
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import numpy as np
 
 from specverify.core.errors import InvalidArgument
@@ -65,7 +66,9 @@ def expected_tokens_per_round(acceptance_rates, k: int) -> float:
 def speedup(acceptance_rates, k: int, draft_cost: float) -> float:
     """Walltime improvement factor over plain decoding: E[tokens per round] / (c K + 1)."""
     if not (isinstance(draft_cost, (int, float)) and np.isfinite(draft_cost) and draft_cost >= 0):
-        raise InvalidArgument(f"draft_cost must be a finite number >= 0 (drafter pass / target pass), got {draft_cost!r}")
+        raise InvalidArgument(
+            f"draft_cost must be a finite number >= 0 (drafter pass / target pass), got {draft_cost!r}"
+        )
     return expected_tokens_per_round(acceptance_rates, k) / (draft_cost * k + 1.0)
 
 
@@ -88,10 +91,15 @@ def best_draft_length(acceptance_rates, draft_cost: float, *, max_k: int = 16) -
     return SpeedupPlan(best + 1, speedups[best], tuple(speedups), tuple(tokens))
 
 
-def target_pass_seconds(num_parameters: float, *, bytes_per_parameter: float = 2.0, bandwidth_bytes_per_s: float = 3.35e12) -> float:
+def target_pass_seconds(
+    num_parameters: float, *, bytes_per_parameter: float = 2.0, bandwidth_bytes_per_s: float = 3.35e12
+) -> float:
     """Lower bound of one memory-bound target forward pass: weight bytes / memory bandwidth."""
-    for name, value in (("num_parameters", num_parameters), ("bytes_per_parameter", bytes_per_parameter),
-                        ("bandwidth_bytes_per_s", bandwidth_bytes_per_s)):
+    for name, value in (
+        ("num_parameters", num_parameters),
+        ("bytes_per_parameter", bytes_per_parameter),
+        ("bandwidth_bytes_per_s", bandwidth_bytes_per_s),
+    ):
         if not (isinstance(value, (int, float)) and np.isfinite(value) and value > 0):
             raise InvalidArgument(f"{name} must be a positive number, got {value!r}")
     return num_parameters * bytes_per_parameter / bandwidth_bytes_per_s

@@ -13,8 +13,8 @@ further modules; ``CATALOGUE`` is the concatenation.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from specverify.core.errors import InvalidArgument
 

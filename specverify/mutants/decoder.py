@@ -116,21 +116,41 @@ class DecoderMutant:
 
 
 DECODER_MUTANTS: tuple[DecoderMutant, ...] = (
-    DecoderMutant("kv_not_rolled_back", NoTargetRollback, SamplingConfig(),
-                  "rejected draft tokens stay in the target KV cache", "classic"),
-    DecoderMutant("topk_not_in_reported_q", TopKNotInReportedQ, SamplingConfig(top_k=3),
-                  "drafter samples from top-k processed logits, reports q without top-k",
-                  "transformers #47932 / PR #47961"),
-    DecoderMutant("target_unprocessed", TargetUnprocessed, SamplingConfig(temperature=0.7),
-                  "target probabilities taken at temperature 1 while the user asked 0.7", "vLLM #9834"),
-    DecoderMutant("stale_context", StaleDraftContext, SamplingConfig(temperature=0.9),
-                  "drafter conditioned on the context before the last accepted block (honest q: lossless, slower)",
-                  "classic", lossy=False),
+    DecoderMutant(
+        "kv_not_rolled_back",
+        NoTargetRollback,
+        SamplingConfig(),
+        "rejected draft tokens stay in the target KV cache",
+        "classic",
+    ),
+    DecoderMutant(
+        "topk_not_in_reported_q",
+        TopKNotInReportedQ,
+        SamplingConfig(top_k=3),
+        "drafter samples from top-k processed logits, reports q without top-k",
+        "transformers #47932 / PR #47961",
+    ),
+    DecoderMutant(
+        "target_unprocessed",
+        TargetUnprocessed,
+        SamplingConfig(temperature=0.7),
+        "target probabilities taken at temperature 1 while the user asked 0.7",
+        "vLLM #9834",
+    ),
+    DecoderMutant(
+        "stale_context",
+        StaleDraftContext,
+        SamplingConfig(temperature=0.9),
+        "drafter conditioned on the context before the last accepted block (honest q: lossless, slower)",
+        "classic",
+        lossy=False,
+    ),
 )
 
 
-def make_decoder_mutant(name: str, target, drafter, *, k: int, sampling: SamplingConfig | None = None,
-                        **kwargs) -> SpeculativeDecoder:
+def make_decoder_mutant(
+    name: str, target, drafter, *, k: int, sampling: SamplingConfig | None = None, **kwargs
+) -> SpeculativeDecoder:
     """Build the mutant ``name`` around ``target`` and ``drafter`` (its own sampling config by default)."""
     for mutant in DECODER_MUTANTS:
         if mutant.name == name:

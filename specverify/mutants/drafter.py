@@ -38,19 +38,27 @@ Shapes: B batch, T prefix tokens, k draft length, V vocabulary, C contexts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from reference.sampling import sample
-from specverify.verifier import zoo
 from specverify.core.errors import InvalidArgument
 from specverify.core.tables import TableModel
 from specverify.core.validation import check_generator, check_int, check_shape
+from specverify.verifier import zoo
 
-__all__ = ["ReportedLawDrafter", "DrafterEntry", "CATALOGUE", "EQUIVALENTS", "by_name", "make_drafter_mutant",
-           "top_k_mask", "top_p_mask"]
+__all__ = [
+    "ReportedLawDrafter",
+    "DrafterEntry",
+    "CATALOGUE",
+    "EQUIVALENTS",
+    "by_name",
+    "make_drafter_mutant",
+    "top_k_mask",
+    "top_p_mask",
+]
 
 KINDS = ("drafter", "drafter_equivalent")
 
@@ -64,8 +72,15 @@ class ReportedLawDrafter:
     position).  ``report_table`` may hold unnormalised rows (reported as given).
     """
 
-    def __init__(self, base: TableModel, sample_table: torch.Tensor, report_table: torch.Tensor, *,
-                 report_next: bool = False, name: str = ""):
+    def __init__(
+        self,
+        base: TableModel,
+        sample_table: torch.Tensor,
+        report_table: torch.Tensor,
+        *,
+        report_next: bool = False,
+        name: str = "",
+    ):
         if not isinstance(base, TableModel):
             raise InvalidArgument(f"base must be a specverify.core.tables.TableModel, got {type(base).__name__}")
         shape = tuple(base.table.shape)
@@ -157,7 +172,9 @@ def precision_mismatch(target: TableModel, *, offset: float = 96.0) -> ReportedL
 def processed_q_raw_sample(target: TableModel, *, top_k: int = 3) -> ReportedLawDrafter:
     """Samples softmax(logits); reports the top-k processed softmax (zero outside the top k)."""
     base = _base(target)
-    return ReportedLawDrafter(base, base.table, _normalise(top_k_mask(base.table, top_k)), name="processed_q_raw_sample")
+    return ReportedLawDrafter(
+        base, base.table, _normalise(top_k_mask(base.table, top_k)), name="processed_q_raw_sample"
+    )
 
 
 def topp_unrenormalised(target: TableModel, *, top_p: float = 0.8) -> ReportedLawDrafter:
@@ -220,43 +237,97 @@ class DrafterEntry:
 
 
 CATALOGUE: tuple[DrafterEntry, ...] = (
-    DrafterEntry("raw_q_processed_sample", "drafter", raw_q_processed_sample,
-                 "samples from top-k (3) / temperature (0.7) processed logits, reports the softmax of the raw logits",
-                 "transformers #47932 / PR #47961", "a drafter law with mass outside its top k", "consistency_gof"),
-    DrafterEntry("greedy_sample_soft_q", "drafter", greedy_sample_soft_q,
-                 "samples the argmax, reports the softmax of the logits",
-                 "transformers #32867, dflash #74, jaymody/speculative-sampling #3", "a non-one-hot drafter law",
-                 "consistency_gof"),
-    DrafterEntry("precision_mismatch", "drafter", precision_mismatch,
-                 "samples from bf16-rounded logits (magnitude ~96, bf16 spacing 0.5), reports the fp32 softmax",
-                 "deepseek-ai/DeepSpec #31", "large logit magnitudes (bf16 spacing >= 0.25)", "consistency_gof"),
-    DrafterEntry("processed_q_raw_sample", "drafter", processed_q_raw_sample,
-                 "samples the raw softmax, reports the top-k (3) processed softmax: drafts outside the top k have q = 0",
-                 "specverify (mirror of transformers #47932)", "a drafter law with mass outside its top k",
-                 "consistency_support"),
-    DrafterEntry("topp_unrenormalised", "drafter", topp_unrenormalised,
-                 "samples the top-p (0.8) truncated, renormalised law, reports the truncated rows unrenormalised",
-                 "specverify (top-p mask applied after the softmax)", "top-p truncation of a non-one-hot law",
-                 "consistency_normalised"),
-    DrafterEntry("q_next_position", "drafter", q_next_position,
-                 "reports the row of the next position (after the drafted token) instead of its own",
-                 "specverify (off-by-one logits index)", "a context-dependent drafter law", "consistency_gof"),
+    DrafterEntry(
+        "raw_q_processed_sample",
+        "drafter",
+        raw_q_processed_sample,
+        "samples from top-k (3) / temperature (0.7) processed logits, reports the softmax of the raw logits",
+        "transformers #47932 / PR #47961",
+        "a drafter law with mass outside its top k",
+        "consistency_gof",
+    ),
+    DrafterEntry(
+        "greedy_sample_soft_q",
+        "drafter",
+        greedy_sample_soft_q,
+        "samples the argmax, reports the softmax of the logits",
+        "transformers #32867, dflash #74, jaymody/speculative-sampling #3",
+        "a non-one-hot drafter law",
+        "consistency_gof",
+    ),
+    DrafterEntry(
+        "precision_mismatch",
+        "drafter",
+        precision_mismatch,
+        "samples from bf16-rounded logits (magnitude ~96, bf16 spacing 0.5), reports the fp32 softmax",
+        "deepseek-ai/DeepSpec #31",
+        "large logit magnitudes (bf16 spacing >= 0.25)",
+        "consistency_gof",
+    ),
+    DrafterEntry(
+        "processed_q_raw_sample",
+        "drafter",
+        processed_q_raw_sample,
+        "samples the raw softmax, reports the top-k (3) processed softmax: drafts outside the top k have q = 0",
+        "specverify (mirror of transformers #47932)",
+        "a drafter law with mass outside its top k",
+        "consistency_support",
+    ),
+    DrafterEntry(
+        "topp_unrenormalised",
+        "drafter",
+        topp_unrenormalised,
+        "samples the top-p (0.8) truncated, renormalised law, reports the truncated rows unrenormalised",
+        "specverify (top-p mask applied after the softmax)",
+        "top-p truncation of a non-one-hot law",
+        "consistency_normalised",
+    ),
+    DrafterEntry(
+        "q_next_position",
+        "drafter",
+        q_next_position,
+        "reports the row of the next position (after the drafted token) instead of its own",
+        "specverify (off-by-one logits index)",
+        "a context-dependent drafter law",
+        "consistency_gof",
+    ),
 )
 
 EQUIVALENTS: tuple[DrafterEntry, ...] = (
     DrafterEntry("oracle", "drafter_equivalent", zoo.oracle, "q = p", "specverify zoo"),
     DrafterEntry("uniform", "drafter_equivalent", zoo.uniform, "uniform q", "specverify zoo"),
-    DrafterEntry("adversary", "drafter_equivalent", zoo.adversary,
-                 "(1 - eps) p + eps point mass on p's least likely token", "specverify zoo"),
-    DrafterEntry("least_likely", "drafter_equivalent", zoo.least_likely,
-                 "deterministic drafter, one-hot q on p's least likely token", "specverify zoo"),
-    DrafterEntry("argmax", "drafter_equivalent", zoo.argmax,
-                 "greedy drafter reporting its one-hot q honestly", "specverify zoo"),
+    DrafterEntry(
+        "adversary",
+        "drafter_equivalent",
+        zoo.adversary,
+        "(1 - eps) p + eps point mass on p's least likely token",
+        "specverify zoo",
+    ),
+    DrafterEntry(
+        "least_likely",
+        "drafter_equivalent",
+        zoo.least_likely,
+        "deterministic drafter, one-hot q on p's least likely token",
+        "specverify zoo",
+    ),
+    DrafterEntry(
+        "argmax", "drafter_equivalent", zoo.argmax, "greedy drafter reporting its one-hot q honestly", "specverify zoo"
+    ),
     DrafterEntry("stale", "drafter_equivalent", zoo.stale, "q one token out of date (honest)", "specverify zoo"),
-    DrafterEntry("processed_consistent", "drafter_equivalent", processed_consistent,
-                 "top-k / temperature processed law sampled and reported", "the fix of transformers PR #47961"),
-    DrafterEntry("bf16_consistent", "drafter_equivalent", bf16_consistent,
-                 "bf16 logits sampled and their softmax reported", "the fix of deepseek-ai/DeepSpec #31"),
+    DrafterEntry(
+        "processed_consistent",
+        "drafter_equivalent",
+        processed_consistent,
+        "top-k / temperature processed law sampled and reported",
+        "the fix of transformers PR #47961",
+    ),
+    DrafterEntry(
+        "bf16_consistent",
+        "drafter_equivalent",
+        bf16_consistent,
+        "bf16 logits sampled and their softmax reported",
+        "the fix of deepseek-ai/DeepSpec #31",
+    ),
 )
 
 

@@ -24,7 +24,8 @@ Algorithm 2; the bug catalogue in ``shared/bugs.md``.
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -33,16 +34,43 @@ from specverify.core.errors import InvalidArgument
 from specverify.core.validation import check_generator, check_shape, check_tokens
 
 __all__ = [
-    "Block", "check_structure", "make_block", "chain",
-    "iid_uniforms", "row_shared_uniforms", "batch_shared_uniforms", "zero_uniforms", "bf16_uniforms",
-    "accept_ratio", "accept_ratio_le", "accept_inverted", "accept_pointmass", "accept_typical",
-    "accept_ensemble", "accept_shifted_target", "first_always_accepted",
-    "count_prefix", "count_total",
-    "residual_clamped", "residual_softmax", "residual_target", "residual_over_overlap",
-    "bonus_next", "bonus_same_row", "bonus_residual",
-    "draw_exact", "draw_icdf_assume_normalised", "draw_overflow_to_first", "draw_bf16_cdf",
-    "draw_exponential_race", "draw_with_accept_uniform", "draw_batch_shared",
-    "emitted_next", "emitted_no_bonus", "emitted_plus_one", "emitted_drop_last",
+    "Block",
+    "check_structure",
+    "make_block",
+    "chain",
+    "iid_uniforms",
+    "row_shared_uniforms",
+    "batch_shared_uniforms",
+    "zero_uniforms",
+    "bf16_uniforms",
+    "accept_ratio",
+    "accept_ratio_le",
+    "accept_inverted",
+    "accept_pointmass",
+    "accept_typical",
+    "accept_ensemble",
+    "accept_shifted_target",
+    "first_always_accepted",
+    "count_prefix",
+    "count_total",
+    "residual_clamped",
+    "residual_softmax",
+    "residual_target",
+    "residual_over_overlap",
+    "bonus_next",
+    "bonus_same_row",
+    "bonus_residual",
+    "draw_exact",
+    "draw_icdf_assume_normalised",
+    "draw_overflow_to_first",
+    "draw_bf16_cdf",
+    "draw_exponential_race",
+    "draw_with_accept_uniform",
+    "draw_batch_shared",
+    "emitted_next",
+    "emitted_no_bonus",
+    "emitted_plus_one",
+    "emitted_drop_last",
 ]
 
 
@@ -90,6 +118,7 @@ def make_block(target_probs, draft_probs, draft_tokens, generator) -> Block:
 
 # ---------------------------------------------------------------- 1. uniforms (B, K)
 
+
 def iid_uniforms(blk: Block) -> torch.Tensor:
     """Canonical: one fresh float64 uniform per row and position."""
     return uniform(blk.tokens.shape, generator=blk.generator, device=blk.target.device)
@@ -119,6 +148,7 @@ def bf16_uniforms(blk: Block) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- 2. accept (B, K) bool
+
 
 def accept_ratio(u, blk: Block) -> torch.Tensor:
     """Canonical: accept iff u q(x) < p(x)."""
@@ -182,6 +212,7 @@ def first_always_accepted(rule: Callable) -> Callable:
 
 # ---------------------------------------------------------------- 3. count (B,)
 
+
 def count_prefix(accepted: torch.Tensor) -> torch.Tensor:
     """Canonical: length of the accepted prefix (stop at the first rejection)."""
     return accepted.long().cumprod(-1).sum(-1)
@@ -193,6 +224,7 @@ def count_total(accepted: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- 4. residual / bonus weights (B, V)
+
 
 def residual_clamped(target_row, draft_row) -> torch.Tensor:
     """Canonical: (p - q)+, unnormalised."""
@@ -231,6 +263,7 @@ def bonus_residual(blk: Block) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- 5. draw (B,)
+
 
 def draw_exact(weights, blk: Block, **_) -> torch.Tensor:
     """Canonical: exact inverse CDF scaled by each row's total (``reference.sampling.sample``)."""
@@ -296,6 +329,7 @@ def draw_batch_shared(weights, blk: Block, **_) -> torch.Tensor:
 
 # ---------------------------------------------------------------- emitted count (B,)
 
+
 def emitted_next(n, K) -> torch.Tensor:
     """Canonical: the accepted drafts plus one residual or bonus token."""
     return n + 1
@@ -317,6 +351,7 @@ def emitted_drop_last(n, K) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- the composition
+
 
 def chain(
     target_probs: torch.Tensor,

@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 import shlex
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from specverify.core.results import FAIL, PASS, SUSPICIOUS, Report, TestResult
 
@@ -178,9 +179,7 @@ def detectability_sentence(report: Report) -> str:
 
 
 def _listing(results: Sequence[TestResult], limit: int = 5) -> str:
-    parts = [
-        f"{test_label(r)} (p={fmt(r.pvalue)}, adjusted p={fmt(r.adjusted_pvalue)})" for r in results[:limit]
-    ]
+    parts = [f"{test_label(r)} (p={fmt(r.pvalue)}, adjusted p={fmt(r.adjusted_pvalue)})" for r in results[:limit]]
     if len(results) > limit:
         parts.append(f"and {len(results) - limit} more")
     return "; ".join(parts)
@@ -204,8 +203,7 @@ def verdict_paragraph(report: Report) -> str:
             f"SUSPICIOUS: no test crossed its allocated alpha, so the gate passes (a warning, not a failure), "
             f"but {len(suspicious)} of {n} tests came within 100x of it: {_listing(suspicious)}. Under a correct "
             f"implementation that happens by chance now and then; rerun with another --seed or a higher "
-            f"--tier: a real deviation keeps lowering p as N grows, chance does not. "
-            + detectability_sentence(report)
+            f"--tier: a real deviation keeps lowering p as N grows, chance does not. " + detectability_sentence(report)
         )
     if report.verdict == FAIL:
         parts = ["FAIL: the implementation does not emit the target's distribution"]
@@ -256,9 +254,7 @@ def seeds(report: Report) -> list[tuple[str, Any]]:
 
 
 def scenario_map(report: Report) -> dict[str, Mapping[str, Any]]:
-    return {
-        str(s["name"]): s for s in report.scenarios if isinstance(s, Mapping) and "name" in s
-    }
+    return {str(s["name"]): s for s in report.scenarios if isinstance(s, Mapping) and "name" in s}
 
 
 def scenario_size(scenario: Mapping[str, Any] | None) -> float:

@@ -15,11 +15,12 @@ section cannot be built at all stays in "Other sections" as JSON.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
-from specverify.report import content as c
 from specverify.core.results import Report
+from specverify.report import content as c
 
 __all__ = ["Diagnosis", "diagnosis", "Efficiency", "efficiency", "fmt_seconds", "rendered_extra_keys"]
 
@@ -191,11 +192,16 @@ def _positions(data: Mapping) -> tuple[PositionRow, ...]:
         if observed is None:
             continue
         position = rec.get("position", len(rows) + 1)
-        rows.append(PositionRow(
-            position if isinstance(position, (int, str)) and not isinstance(position, bool) else len(rows) + 1,
-            c.finite(rec.get("drafted")), c.finite(rec.get("accepted")), observed,
-            _interval([rec.get("ci_low"), rec.get("ci_high")]), c.finite(rec.get("expected_rate")),
-        ))
+        rows.append(
+            PositionRow(
+                position if isinstance(position, (int, str)) and not isinstance(position, bool) else len(rows) + 1,
+                c.finite(rec.get("drafted")),
+                c.finite(rec.get("accepted")),
+                observed,
+                _interval([rec.get("ci_low"), rec.get("ci_high")]),
+                c.finite(rec.get("expected_rate")),
+            )
+        )
     return tuple(rows)
 
 
@@ -205,11 +211,15 @@ def _metrics(data: Mapping) -> tuple[Metric, ...]:
     per_pass, exact_per_pass = get("tokens_per_target_pass"), get("expected_tokens_per_target_pass")
     out = []
     if mean is not None:
-        out.append(Metric("mean accepted length (drafts accepted per block)", mean, mean_ci,
-                          get("expected_mean_accepted")))
+        out.append(
+            Metric("mean accepted length (drafts accepted per block)", mean, mean_ci, get("expected_mean_accepted"))
+        )
     # tokens per pass = 1 + accepted length, so its interval is the accepted length's shifted by one
-    shifted = (mean_ci[0] + 1, mean_ci[1] + 1) if (
-        mean_ci and mean is not None and per_pass is not None and abs(per_pass - mean - 1) < 1e-9) else None
+    shifted = (
+        (mean_ci[0] + 1, mean_ci[1] + 1)
+        if (mean_ci and mean is not None and per_pass is not None and abs(per_pass - mean - 1) < 1e-9)
+        else None
+    )
     if per_pass is not None:
         out.append(Metric("tokens per target pass", per_pass, shifted, exact_per_pass))
     passes = get("target_passes_per_token")
@@ -219,8 +229,9 @@ def _metrics(data: Mapping) -> tuple[Metric, ...]:
         out.append(Metric("target passes per token", passes, ci, exact))
     kept = get("target_passes_per_kept_token")
     if kept is not None:
-        out.append(Metric("target passes per kept token (the last round may overshoot max_new_tokens)", kept,
-                          None, None))
+        out.append(
+            Metric("target passes per kept token (the last round may overshoot max_new_tokens)", kept, None, None)
+        )
     return tuple(out)
 
 
@@ -234,11 +245,17 @@ def _curves(data: Mapping) -> tuple[SpeedupCurve, ...]:
         if cost is None or speedups is None:
             continue
         best_k = c.finite(block.get("best_k"))
-        out.append(SpeedupCurve(
-            cost, int(best_k) if best_k is not None and best_k == int(best_k) else None,
-            c.finite(block.get("best_speedup")), c.finite(block.get("speedup_at_audited_k")), tuple(speedups),
-            c.finite(block.get("seconds_per_token_at_best_k")), c.finite(block.get("seconds_per_token_at_audited_k")),
-        ))
+        out.append(
+            SpeedupCurve(
+                cost,
+                int(best_k) if best_k is not None and best_k == int(best_k) else None,
+                c.finite(block.get("best_speedup")),
+                c.finite(block.get("speedup_at_audited_k")),
+                tuple(speedups),
+                c.finite(block.get("seconds_per_token_at_best_k")),
+                c.finite(block.get("seconds_per_token_at_audited_k")),
+            )
+        )
     return tuple(out)
 
 
@@ -250,8 +267,13 @@ def _latency(data: Mapping) -> Latency | None:
     if seconds is None or seconds <= 0:
         return None
     note = block.get("note")
-    return Latency(seconds, c.finite(block.get("model_params")), c.finite(block.get("bytes_per_param")),
-                   c.finite(block.get("bandwidth_bytes_per_s")), note if isinstance(note, str) else "")
+    return Latency(
+        seconds,
+        c.finite(block.get("model_params")),
+        c.finite(block.get("bytes_per_param")),
+        c.finite(block.get("bandwidth_bytes_per_s")),
+        note if isinstance(note, str) else "",
+    )
 
 
 def efficiency(report: Report) -> Efficiency | None:
@@ -268,9 +290,14 @@ def efficiency(report: Report) -> Efficiency | None:
     return Efficiency(
         k=int(k) if k is not None and k == int(k) and k >= 1 else None,
         ci_level=level if level is not None and 0 < level < 1 else 0.95,
-        rounds=c.finite(data.get("rounds")), tokens_generated=c.finite(data.get("tokens_generated")),
-        tokens_kept=c.finite(data.get("tokens_kept")), positions=positions, metrics=metrics, curves=curves,
-        latency=latency, note=note if isinstance(note, str) else "",
+        rounds=c.finite(data.get("rounds")),
+        tokens_generated=c.finite(data.get("tokens_generated")),
+        tokens_kept=c.finite(data.get("tokens_kept")),
+        positions=positions,
+        metrics=metrics,
+        curves=curves,
+        latency=latency,
+        note=note if isinstance(note, str) else "",
     )
 
 
@@ -300,20 +327,43 @@ def sample_sentence(eff: Efficiency) -> str:
 
 
 def position_table(eff: Efficiency) -> tuple[list[str], list[list[str]]]:
-    header = ["position", "drafted", "accepted", "acceptance rate", eff.ci_label, "exact expected rate",
-              "exact inside CI"]
+    header = [
+        "position",
+        "drafted",
+        "accepted",
+        "acceptance rate",
+        eff.ci_label,
+        "exact expected rate",
+        "exact inside CI",
+    ]
     rows = []
     for r in eff.positions:
         ci = f"[{r.ci[0]:.4f}, {r.ci[1]:.4f}]" if r.ci else "—"
         inside = "—" if r.ci is None or r.expected is None else ("yes" if r.ci[0] <= r.expected <= r.ci[1] else "no")
-        rows.append([str(r.position), c.fmt_int(r.drafted), c.fmt_int(r.accepted), c.fmt(r.observed, ".4f"), ci,
-                     c.fmt(r.expected, ".4f"), inside])
+        rows.append(
+            [
+                str(r.position),
+                c.fmt_int(r.drafted),
+                c.fmt_int(r.accepted),
+                c.fmt(r.observed, ".4f"),
+                ci,
+                c.fmt(r.expected, ".4f"),
+                inside,
+            ]
+        )
     return header, rows
 
 
 def metric_table(eff: Efficiency) -> tuple[list[str], list[list[str]]]:
-    rows = [[m.label, c.fmt(m.observed, "#.4g"), f"[{m.ci[0]:#.4g}, {m.ci[1]:#.4g}]" if m.ci else "—",
-             c.fmt(m.exact, "#.4g")] for m in eff.metrics]
+    rows = [
+        [
+            m.label,
+            c.fmt(m.observed, "#.4g"),
+            f"[{m.ci[0]:#.4g}, {m.ci[1]:#.4g}]" if m.ci else "—",
+            c.fmt(m.exact, "#.4g"),
+        ]
+        for m in eff.metrics
+    ]
     return ["quantity", "observed", eff.ci_label, "exact expectation"], rows
 
 
@@ -323,8 +373,9 @@ def speedup_table(eff: Efficiency) -> tuple[list[str], list[list[str]], set[tupl
     header = ["c \\ K"] + [str(k) + (" (audited)" if eff.k == k else "") for k in range(1, length + 1)]
     rows, best = [], set()
     for i, cv in enumerate(eff.curves):
-        rows.append([f"c={c.fmt(cv.cost, '.3g')}"] + [f"{x:.2f}" for x in cv.speedups]
-                    + ["—"] * (length - len(cv.speedups)))
+        rows.append(
+            [f"c={c.fmt(cv.cost, '.3g')}"] + [f"{x:.2f}" for x in cv.speedups] + ["—"] * (length - len(cv.speedups))
+        )
         if cv.best_k is not None and 1 <= cv.best_k <= len(cv.speedups):
             best.add((i, cv.best_k))
     return header, rows, best

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import html
 import json
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
+from specverify.core.results import FAIL, PASS, SUSPICIOUS, Report, TestResult
 from specverify.report import content as c
 from specverify.report import drafter as d
 from specverify.report.plots import PlotSet, render_plots
-from specverify.core.results import FAIL, PASS, SUSPICIOUS, Report, TestResult
 
 __all__ = ["render_html"]
 
@@ -67,7 +68,8 @@ def table(header: Sequence[str], rows: Iterable[Sequence[str]], numeric: str = "
     for i, row in enumerate(rows):
         cls = f' class="{row_classes[i]}"' if row_classes and row_classes[i] else ""
         cells = "".join(
-            f'<td class="{_COLUMN_CLASS[numeric[j:j + 1]]}">{cell}</td>' if numeric[j:j + 1] in _COLUMN_CLASS
+            f'<td class="{_COLUMN_CLASS[numeric[j : j + 1]]}">{cell}</td>'
+            if numeric[j : j + 1] in _COLUMN_CLASS
             else f"<td>{cell}</td>"
             for j, cell in enumerate(row)
         )
@@ -93,26 +95,52 @@ def _result_rows(results: Sequence[TestResult], start: int) -> tuple[list[list[s
     rows, classes = [], []
     for i, r in enumerate(results):
         grade = r.grade or "?"
-        rows.append([
-            str(start + i), f"<b>{esc(grade.upper())}</b>" if grade in (FAIL, SUSPICIOUS) else esc(grade),
-            esc(r.family), _breakable(r.name), _breakable(r.scenario), _breakable(r.position), esc(c.fmt_int(r.n)),
-            esc(c.fmt(r.statistic, ".4g")), esc(c.fmt(r.pvalue)), esc(c.fmt(r.adjusted_pvalue)),
-            esc(c.fmt(r.alpha)), esc(c.fmt(r.mde_tv)), esc(r.method),
-        ])
+        rows.append(
+            [
+                str(start + i),
+                f"<b>{esc(grade.upper())}</b>" if grade in (FAIL, SUSPICIOUS) else esc(grade),
+                esc(r.family),
+                _breakable(r.name),
+                _breakable(r.scenario),
+                _breakable(r.position),
+                esc(c.fmt_int(r.n)),
+                esc(c.fmt(r.statistic, ".4g")),
+                esc(c.fmt(r.pvalue)),
+                esc(c.fmt(r.adjusted_pvalue)),
+                esc(c.fmt(r.alpha)),
+                esc(c.fmt(r.mde_tv)),
+                esc(r.method),
+            ]
+        )
         classes.append(f"g-{r.grade}" if r.grade in (FAIL, SUSPICIOUS) else "")
     return rows, classes
 
 
-RESULT_HEADER = ["#", "grade", "family", "test", "scenario", "position", "N", "statistic", "p", "adjusted p",
-                 "alpha", "detectable TV", "method"]
+RESULT_HEADER = [
+    "#",
+    "grade",
+    "family",
+    "test",
+    "scenario",
+    "position",
+    "N",
+    "statistic",
+    "p",
+    "adjusted p",
+    "alpha",
+    "detectable TV",
+    "method",
+]
 RESULT_NUMERIC = "r.....rrrrrrm"
 
 
 def _tests_section(report: Report) -> list[str]:
     results = c.worst_first(report.results)
     counts = {g: sum(r.grade == g for r in results) for g in (FAIL, SUSPICIOUS, PASS)}
-    out = [f"<h2>Tests, worst first ({len(results)}: {counts[FAIL]} failed, {counts[SUSPICIOUS]} suspicious, "
-           f"{counts[PASS]} passed)</h2>"]
+    out = [
+        f"<h2>Tests, worst first ({len(results)}: {counts[FAIL]} failed, {counts[SUSPICIOUS]} suspicious, "
+        f"{counts[PASS]} passed)</h2>"
+    ]
     if not results:
         return out + ["<p>No statistical tests ran.</p>"]
     rows, classes = _result_rows(results[:VISIBLE_ROWS], 1)
@@ -122,8 +150,10 @@ def _tests_section(report: Report) -> list[str]:
         rows, classes = _result_rows(rest, VISIBLE_ROWS + 1)
         out.append(f"<details><summary>{len(rest)} more tests</summary>")
         out.append(table(RESULT_HEADER, rows, RESULT_NUMERIC, classes) + "</details>")
-    out.append('<p class="note">Detectable TV: the binned total-variation distance the test detects with power '
-               "0.9 at its allocated alpha.</p>")
+    out.append(
+        '<p class="note">Detectable TV: the binned total-variation distance the test detects with power '
+        "0.9 at its allocated alpha.</p>"
+    )
     return out
 
 
@@ -154,14 +184,26 @@ def _counterexample_section(report: Report) -> list[str]:
     if details.get("tokens"):
         out.append(f"<p>Emitted tokens with target probability 0: {_value(details['tokens'])}.</p>")
     if ce.rows:
-        out.append(f"<p>Observed vs expected counts ({len(ce.rows)} of {len(ce.counts[0])} bins, largest "
-                   "standardised residual first):</p>")
-        out.append(table(
-            ["bin (tokens)", "observed", "expected", "obs - exp", "(obs - exp)/sqrt(exp)"],
-            ([esc(label), esc(c.fmt(o, ".6g")), esc(c.fmt(e, ".6g")), esc(c.fmt(o - e, ".4g")),
-              esc(c.fmt(z, ".3g"))] for label, o, e, z in ce.rows),
-            ".rrrr",
-        ))
+        out.append(
+            f"<p>Observed vs expected counts ({len(ce.rows)} of {len(ce.counts[0])} bins, largest "
+            "standardised residual first):</p>"
+        )
+        out.append(
+            table(
+                ["bin (tokens)", "observed", "expected", "obs - exp", "(obs - exp)/sqrt(exp)"],
+                (
+                    [
+                        esc(label),
+                        esc(c.fmt(o, ".6g")),
+                        esc(c.fmt(e, ".6g")),
+                        esc(c.fmt(o - e, ".4g")),
+                        esc(c.fmt(z, ".3g")),
+                    ]
+                    for label, o, e, z in ce.rows
+                ),
+                ".rrrr",
+            )
+        )
     else:
         out.append('<p class="note">This test recorded no per-bin counts (details keys "observed"/"expected").</p>')
     return out
@@ -179,13 +221,22 @@ def _acceptance_section(report: Report) -> list[str]:
             for a in sc.rows:
                 se = (a.expected * (1 - a.expected) / a.n) ** 0.5 if a.n else None
                 z = (a.observed - a.expected) / se if se else None
-                rows.append([esc(a.position), esc(c.fmt(a.observed, ".4f")), esc(c.fmt(a.expected, ".4f")),
-                             esc(c.fmt_int(a.n)), esc(c.fmt(z, ".3g"))])
+                rows.append(
+                    [
+                        esc(a.position),
+                        esc(c.fmt(a.observed, ".4f")),
+                        esc(c.fmt(a.expected, ".4f")),
+                        esc(c.fmt_int(a.n)),
+                        esc(c.fmt(z, ".3g")),
+                    ]
+                )
             out.append(table(["draft position", "observed rate", "expected rate", "N", "z"], rows, ".rrrr"))
         if sc.length_counts:
             total = sum(sc.length_counts) or 1.0
-            rows = [[str(i), esc(c.fmt_int(o)), esc(c.fmt(o / total, ".4f")), esc(c.fmt(p, ".4f"))]
-                    for i, (o, p) in enumerate(zip(sc.length_counts, sc.length_probs))]
+            rows = [
+                [str(i), esc(c.fmt_int(o)), esc(c.fmt(o / total, ".4f")), esc(c.fmt(p, ".4f"))]
+                for i, (o, p) in enumerate(zip(sc.length_counts, sc.length_probs))
+            ]
             out.append(table(["accepted drafts", "blocks", "observed fraction", "exact probability"], rows, "rrrr"))
     return out
 
@@ -195,11 +246,10 @@ def _diagnosis_section(report: Report) -> list[str]:
     if diag is None:
         return []
     kind = diag.culprit if diag.culprit in d.CULPRIT_LABEL else ("none" if diag.culprit is None else "other")
-    out = [f'<div class="diagnosis d-{kind}"><b>Diagnosis: {esc(diag.headline)}.</b> '
-           f"{esc(diag.sentence)}"]
+    out = [f'<div class="diagnosis d-{kind}"><b>Diagnosis: {esc(diag.headline)}.</b> {esc(diag.sentence)}']
     failed = diag.unlisted_failures
     if failed:
-        shown = ", ".join(f"<code>{esc(t)}</code>" for t in failed[:d.MAX_FAILED_LISTED])
+        shown = ", ".join(f"<code>{esc(t)}</code>" for t in failed[: d.MAX_FAILED_LISTED])
         more = f" and {len(failed) - d.MAX_FAILED_LISTED} more" if len(failed) > d.MAX_FAILED_LISTED else ""
         out.append(f"<br>Failing tests ({len(failed)}): {shown}{more}.")
     return ["".join(out) + "</div>"]
@@ -215,18 +265,23 @@ def _efficiency_section(report: Report) -> list[str]:
         out.append(f"<p>{esc(sample)}</p>")
     if eff.positions:
         header, rows = d.position_table(eff)
-        out.append("<p>Acceptance per in-block position (Clopper-Pearson interval; the exact rate is the mean of "
-                   "the per-trial sum<sub>x</sub> min(p, q)):</p>")
+        out.append(
+            "<p>Acceptance per in-block position (Clopper-Pearson interval; the exact rate is the mean of "
+            "the per-trial sum<sub>x</sub> min(p, q)):</p>"
+        )
         out.append(table(header, [[esc(x) for x in row] for row in rows], "rrrrrr"))
     if eff.metrics:
         header, rows = d.metric_table(eff)
         out.append(table(header, [[esc(x) for x in row] for row in rows], ".rrr"))
     if eff.curves:
         header, rows, best = d.speedup_table(eff)
-        cells = [[f"<b>{esc(x)}</b>" if (i, j) in best else esc(x) for j, x in enumerate(row)]
-                 for i, row in enumerate(rows)]
-        out.append("<p>Speedup over plain decoding (x) by draft length K (columns) for drafter cost c = drafter "
-                   "pass / target pass (rows); the best K in bold:</p>")
+        cells = [
+            [f"<b>{esc(x)}</b>" if (i, j) in best else esc(x) for j, x in enumerate(row)] for i, row in enumerate(rows)
+        ]
+        out.append(
+            "<p>Speedup over plain decoding (x) by draft length K (columns) for drafter cost c = drafter "
+            "pass / target pass (rows); the best K in bold:</p>"
+        )
         out.append(table(header, cells, "." + "r" * (len(header) - 1)))
         if eff.note:
             out.append(f'<p class="note">Model: {esc(eff.note)}.</p>')
@@ -248,8 +303,10 @@ def _plots_section(plot_set: PlotSet | None) -> list[str]:
     if not plot_set.plots:
         return out + ['<p class="note">The report holds no data to plot.</p>']
     for p in plot_set.plots:
-        out.append(f'<figure><img src="data:image/png;base64,{p.png_base64}" alt="{esc(p.title)}">'
-                   f"<figcaption>{esc(p.caption)}</figcaption></figure>")
+        out.append(
+            f'<figure><img src="data:image/png;base64,{p.png_base64}" alt="{esc(p.title)}">'
+            f"<figcaption>{esc(p.caption)}</figcaption></figure>"
+        )
     return out
 
 
@@ -279,8 +336,11 @@ def render_html(report: Report, *, plots: bool = True) -> str:
         body += [f"<pre>{esc(e)}</pre>" for e in report.errors]
         body.append("</div>")
     body += _counterexample_section(report)
-    body += ["<h2>Reproduce</h2>", f"<pre>{esc(c.repro_command(report))}</pre>",
-             table(["seed", "value"], [[esc(k), _value(v)] for k, v in c.seeds(report)])]
+    body += [
+        "<h2>Reproduce</h2>",
+        f"<pre>{esc(c.repro_command(report))}</pre>",
+        table(["seed", "value"], [[esc(k), _value(v)] for k, v in c.seeds(report)]),
+    ]
     body += _tests_section(report)
     body += _plots_section(render_plots(report) if plots else None)
     body += _efficiency_section(report)
@@ -297,7 +357,9 @@ def render_html(report: Report, *, plots: bool = True) -> str:
     body += _mapping_section("Timings (seconds)", report.timings)
     body += _mapping_section("Environment", report.environment)
     body += _mapping_section("Other sections", c.other_extra(report, exclude=d.rendered_extra_keys(report)))
-    head = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{esc(title)}</title><style>{CSS}</style></head><body>")
+    head = (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{esc(title)}</title><style>{CSS}</style></head><body>"
+    )
     return head + "\n" + "\n".join(body) + "\n</body></html>\n"

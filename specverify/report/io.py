@@ -16,9 +16,9 @@ import tempfile
 from pathlib import Path
 
 from specverify.core.errors import InvalidArgument
+from specverify.core.results import Report
 from specverify.report.html import render_html
 from specverify.report.markdown import render_markdown
-from specverify.core.results import Report
 
 __all__ = ["write_report", "load_report", "atomic_write_text", "FILENAMES"]
 

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
+from specverify.core.results import FAIL, PASS, SUSPICIOUS, Report, TestResult
 from specverify.report import content as c
 from specverify.report import drafter as d
-from specverify.core.results import FAIL, PASS, SUSPICIOUS, Report, TestResult
 
 __all__ = ["render_markdown", "md_text", "md_code"]
 
@@ -78,8 +79,20 @@ def result_row(i: int, r: TestResult) -> list[str]:
     ]
 
 
-RESULT_HEADER = ["#", "grade", "family", "test", "scenario", "position", "N", "statistic", "p",
-                 "adjusted p", "alpha", "detectable TV"]
+RESULT_HEADER = [
+    "#",
+    "grade",
+    "family",
+    "test",
+    "scenario",
+    "position",
+    "N",
+    "statistic",
+    "p",
+    "adjusted p",
+    "alpha",
+    "detectable TV",
+]
 RESULT_ALIGN = "rllllllrrrrr"
 
 
@@ -135,7 +148,7 @@ def counterexample_lines(report: Report) -> list[str]:
         )
         lines.append("")
     else:
-        lines += ["This test recorded no per-bin counts (details keys \"observed\"/\"expected\").", ""]
+        lines += ['This test recorded no per-bin counts (details keys "observed"/"expected").', ""]
     return lines
 
 
@@ -151,15 +164,23 @@ def acceptance_lines(report: Report) -> list[str]:
             for a in sc.rows:
                 se = (a.expected * (1 - a.expected) / a.n) ** 0.5 if a.n else None
                 z = (a.observed - a.expected) / se if se else None
-                rows.append([md_text(a.position), c.fmt(a.observed, ".4f"), c.fmt(a.expected, ".4f"),
-                             c.fmt_int(a.n), c.fmt(z, ".3g")])
+                rows.append(
+                    [
+                        md_text(a.position),
+                        c.fmt(a.observed, ".4f"),
+                        c.fmt(a.expected, ".4f"),
+                        c.fmt_int(a.n),
+                        c.fmt(z, ".3g"),
+                    ]
+                )
             lines += table(["draft position", "observed rate", "expected rate", "N", "z"], rows, "lrrrr") + [""]
         if sc.length_counts:
             total = sum(sc.length_counts) or 1.0
-            rows = [[str(i), c.fmt_int(o), c.fmt(o / total, ".4f"), c.fmt(p, ".4f")]
-                    for i, (o, p) in enumerate(zip(sc.length_counts, sc.length_probs))]
-            lines += table(["accepted drafts", "blocks", "observed fraction", "exact probability"], rows,
-                           "rrrr") + [""]
+            rows = [
+                [str(i), c.fmt_int(o), c.fmt(o / total, ".4f"), c.fmt(p, ".4f")]
+                for i, (o, p) in enumerate(zip(sc.length_counts, sc.length_probs))
+            ]
+            lines += table(["accepted drafts", "blocks", "observed fraction", "exact probability"], rows, "rrrr") + [""]
     return lines
 
 
@@ -170,7 +191,7 @@ def diagnosis_lines(report: Report) -> list[str]:
     lines = [f"**Diagnosis: {md_text(diag.headline)}.** {md_text(diag.sentence)}", ""]
     failed = diag.unlisted_failures
     if failed:
-        shown = ", ".join(md_code(t) for t in failed[:d.MAX_FAILED_LISTED])
+        shown = ", ".join(md_code(t) for t in failed[: d.MAX_FAILED_LISTED])
         more = f" and {len(failed) - d.MAX_FAILED_LISTED} more" if len(failed) > d.MAX_FAILED_LISTED else ""
         lines += [f"Failing tests ({len(failed)}): {shown}{more}.", ""]
     return lines
@@ -186,18 +207,26 @@ def efficiency_lines(report: Report) -> list[str]:
         lines += [md_text(sample), ""]
     if eff.positions:
         header, rows = d.position_table(eff)
-        lines += ["Acceptance per in-block position (Clopper-Pearson interval; the exact rate is the mean of the "
-                  "per-trial sum_x min(p, q)):", ""]
+        lines += [
+            "Acceptance per in-block position (Clopper-Pearson interval; the exact rate is the mean of the "
+            "per-trial sum_x min(p, q)):",
+            "",
+        ]
         lines += table(header, [[md_text(x) for x in row] for row in rows], "rrrrrrl") + [""]
     if eff.metrics:
         header, rows = d.metric_table(eff)
         lines += table(header, [[md_text(x) for x in row] for row in rows], "lrrr") + [""]
     if eff.curves:
         header, rows, best = d.speedup_table(eff)
-        cells = [[f"**{md_text(x)}**" if (i, j) in best else md_text(x) for j, x in enumerate(row)]
-                 for i, row in enumerate(rows)]
-        lines += ["Speedup over plain decoding (x) by draft length K (columns) for drafter cost c = drafter pass / "
-                  "target pass (rows); the best K in bold:", ""]
+        cells = [
+            [f"**{md_text(x)}**" if (i, j) in best else md_text(x) for j, x in enumerate(row)]
+            for i, row in enumerate(rows)
+        ]
+        lines += [
+            "Speedup over plain decoding (x) by draft length K (columns) for drafter cost c = drafter pass / "
+            "target pass (rows); the best K in bold:",
+            "",
+        ]
         lines += table(header, cells, "l" + "r" * (len(header) - 1)) + [""]
         if eff.note:
             lines += [f"Model: {md_text(eff.note)}.", ""]
@@ -248,10 +277,11 @@ def render_markdown(report: Report, *, max_rows: int = 40) -> str:
     if results:
         shown = results[:max_rows]
         lines += table(RESULT_HEADER, (result_row(i + 1, r) for i, r in enumerate(shown)), RESULT_ALIGN)
-        rest = results[len(shown):]
+        rest = results[len(shown) :]
         if rest:
             rest_counts = ", ".join(
-                f"{sum(r.grade == g for r in rest)} {g}" for g in (FAIL, SUSPICIOUS, PASS)
+                f"{sum(r.grade == g for r in rest)} {g}"
+                for g in (FAIL, SUSPICIOUS, PASS)
                 if any(r.grade == g for r in rest)
             )
             lines += ["", f"... and {len(rest)} more tests ({rest_counts}); all are in report.json and report.html."]
@@ -267,7 +297,7 @@ def render_markdown(report: Report, *, max_rows: int = 40) -> str:
     lines += acceptance_lines(report)
     if report.scenarios:
         lines += ["## Scenarios", ""]
-        for i, sc in enumerate(report.scenarios):
+        for _i, sc in enumerate(report.scenarios):
             if isinstance(sc, Mapping):
                 items = ", ".join(f"{md_text(k)}={_value(v)}" for k, v in sc.items() if not str(k).endswith("_preview"))
                 lines.append(f"- {items}")

@@ -23,11 +23,11 @@ from __future__ import annotations
 import base64
 import io
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
-from specverify.report import content as c
 from specverify.core.results import FAIL, PASS, SUSPICIOUS, Report, TestResult
+from specverify.report import content as c
 
 __all__ = ["Plot", "PlotSet", "render_plots", "noncentrality_for_power"]
 
@@ -110,8 +110,16 @@ def _histogram(r: TestResult, new_figure, encode) -> Plot:
     if nb <= 100:
         top.bar(x, observed, width=0.8, color=color, alpha=0.55, label="observed")
         err = [2 * math.sqrt(max(e, 0.0)) for e in expected]
-        top.errorbar(x, expected, yerr=err, fmt="_", color="black", markersize=10 if nb <= 40 else 4,
-                     elinewidth=0.8, label="expected +- 2 sqrt(expected)")
+        top.errorbar(
+            x,
+            expected,
+            yerr=err,
+            fmt="_",
+            color="black",
+            markersize=10 if nb <= 40 else 4,
+            elinewidth=0.8,
+            label="expected +- 2 sqrt(expected)",
+        )
         bottom.bar(x, resid, width=0.8, color=[GRADE_COLOR[FAIL] if abs(z) > 3 else "#78909c" for z in resid])
     else:  # many bins: lines instead of one patch per bin
         top.stairs(observed, [i - 0.5 for i in range(nb + 1)], color=color, lw=1.0, label="observed")
@@ -132,13 +140,16 @@ def _histogram(r: TestResult, new_figure, encode) -> Plot:
     if nb <= 30:
         labels = [c.bin_label(t, i, limit=3) for i, t in enumerate(tokens)]
         slanted = nb > 12 or max(len(s) for s in labels) > 8
-        bottom.set_xticks(x, labels, rotation=40 if slanted else 0, ha="right" if slanted else "center",
-                          fontsize=7 if slanted else 8)
+        bottom.set_xticks(
+            x, labels, rotation=40 if slanted else 0, ha="right" if slanted else "center", fontsize=7 if slanted else 8
+        )
         bottom.set_xlabel("bin (token ids)")
     else:
         bottom.set_xlabel(f"bin index ({nb} bins, in the test's order)")
-    caption = (f"Observed vs expected counts per bin for {c.test_label(r)}; bars below are standardised "
-               f"residuals (|z| > 3 in red).")
+    caption = (
+        f"Observed vs expected counts per bin for {c.test_label(r)}; bars below are standardised "
+        f"residuals (|z| > 3 in red)."
+    )
     return Plot(f"hist-{c.test_label(r)}", f"Counts: {c.test_label(r)}", caption, encode(fig))
 
 
@@ -170,14 +181,23 @@ def _qq(report: Report, new_figure, encode) -> Plot | None:
             ax.scatter(xs, ys, s=14, color=GRADE_COLOR[grade], label=grade or "ungraded", zorder=3)
         xs = [e for e, (p, g) in zip(expected, points) if g == grade and p <= 0]
         if xs:
-            ax.scatter(xs, [-math.log10(floor)] * len(xs), marker="^", s=30, color=GRADE_COLOR[grade],
-                       label=f"{grade or 'ungraded'}, p=0 (clipped)", zorder=3)
+            ax.scatter(
+                xs,
+                [-math.log10(floor)] * len(xs),
+                marker="^",
+                s=30,
+                color=GRADE_COLOR[grade],
+                label=f"{grade or 'ungraded'}, p=0 (clipped)",
+                zorder=3,
+            )
     ax.set_xlabel("expected -log10 p (uniform)")
     ax.set_ylabel("observed -log10 p")
     ax.set_title(f"p-values of all {n} tests vs uniform")
     ax.legend(loc="upper left", fontsize=8, frameon=False)
-    caption = ("Sorted raw p-values against uniform quantiles. Under a correct implementation points stay in the "
-               "grey band; points far above it are deviations, a curve below it means conservative tests.")
+    caption = (
+        "Sorted raw p-values against uniform quantiles. Under a correct implementation points stay in the "
+        "grey band; points far above it are deviations, a curve below it means conservative tests."
+    )
     return Plot("qq", "p-value QQ plot", caption, encode(fig))
 
 
@@ -198,8 +218,9 @@ def _acceptance(report: Report, new_figure, encode) -> Plot | None:
             xs = [i + 1 + (j - (len(with_rates) - 1) / 2) * 0.08 for i in range(len(s.rows))]
             err = [2 * math.sqrt(a.expected * (1 - a.expected) / a.n) if a.n else 0.0 for a in s.rows]
             col = colors[j % len(colors)]
-            ax.errorbar(xs, [a.expected for a in s.rows], yerr=err, fmt="_", color="black", markersize=12,
-                        elinewidth=0.8)
+            ax.errorbar(
+                xs, [a.expected for a in s.rows], yerr=err, fmt="_", color="black", markersize=12, elinewidth=0.8
+            )
             ax.plot(xs, [a.observed for a in s.rows], "o", color=col, ms=5, label=s.name)
         longest = max(with_rates, key=lambda s: len(s.rows))
         ax.set_xticks(range(1, len(longest.rows) + 1), [str(a.position) for a in longest.rows])
@@ -254,8 +275,9 @@ def _mde(report: Report, new_figure, encode) -> Plot | None:
     families = sorted({r.family for _, _, tv, r in rows if tv})
     for i, fam in enumerate(families):
         pts = [(n, tv) for n, _, tv, r in rows if tv and r.family == fam]
-        ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=16, marker="os^Dv<>"[i % 7], zorder=3,
-                   label=f"tests: {fam}")
+        ax.scatter(
+            [p[0] for p in pts], [p[1] for p in pts], s=16, marker="os^Dv<>"[i % 7], zorder=3, label=f"tests: {fam}"
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.grid(True, which="major", color="#e0e0e0", lw=0.6)
@@ -263,6 +285,8 @@ def _mde(report: Report, new_figure, encode) -> Plot | None:
     ax.set_ylabel("minimum detectable binned TV")
     ax.set_title(f"detectable TV at power 0.9, alpha={c.fmt(alpha)}")
     ax.legend(fontsize=8, frameon=False)
-    caption = ("Smallest binned total-variation distance a chi-square test with the given df detects with power 0.9 "
-               "at the median allocated alpha, as N grows; markers are the run's tests at their own alpha.")
+    caption = (
+        "Smallest binned total-variation distance a chi-square test with the given df detects with power 0.9 "
+        "at the median allocated alpha, as N grows; markers are the run's tests at their own alpha."
+    )
     return Plot("mde", "Detectable TV vs N", caption, encode(fig))

@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass, field
 
 from specverify.core.errors import InvalidArgument
-from specverify.verifier.scenarios import TIERS
 from specverify.core.validation import check_alpha, check_int
+from specverify.verifier.scenarios import TIERS
 
 from .calibration import run_calibration
 from .others import run_decoder_mutants, run_drafter_mutants
@@ -91,12 +91,21 @@ class SelftestResult:
 
     def to_dict(self) -> dict:
         killed, total = self.mutation_score
-        return {"tier": self.tier, "seed": self.seed, "alpha": self.alpha, "seconds": self.seconds,
-                "passed": self.passed, "mutation_score": {"killed": killed, "total": total},
-                "survivors": [r["name"] for r in self.survivors],
-                "false_alarms": [r["name"] for r in self.false_alarms], "rows": list(self.rows),
-                "calibration": self.calibration, "peers": None if self.peers is None else list(self.peers),
-                "notes": list(self.notes), "environment": self.environment}
+        return {
+            "tier": self.tier,
+            "seed": self.seed,
+            "alpha": self.alpha,
+            "seconds": self.seconds,
+            "passed": self.passed,
+            "mutation_score": {"killed": killed, "total": total},
+            "survivors": [r["name"] for r in self.survivors],
+            "false_alarms": [r["name"] for r in self.false_alarms],
+            "rows": list(self.rows),
+            "calibration": self.calibration,
+            "peers": None if self.peers is None else list(self.peers),
+            "notes": list(self.notes),
+            "environment": self.environment,
+        }
 
 
 def _peer_rows(entries, seed: int) -> tuple:
@@ -104,16 +113,36 @@ def _peer_rows(entries, seed: int) -> tuple:
 
     rows = []
     for row in peer_matrix(entries, seed=seed):
-        rows.append({**{k: v for k, v in row.items() if k != "results"},
-                     "results": {n: {"passed": r.passed, "samples": r.samples, "seconds": r.seconds}
-                                 for n, r in row["results"].items()}})
+        rows.append(
+            {
+                **{k: v for k, v in row.items() if k != "results"},
+                "results": {
+                    n: {"passed": r.passed, "samples": r.samples, "seconds": r.seconds}
+                    for n, r in row["results"].items()
+                },
+            }
+        )
     return tuple(rows)
 
 
-def run_selftest(tier: str = "smoke", seed: int = 0, *, alpha: float = ALPHA, verifiers=None, equivalents=None,
-                 decoders: bool = True, drafters: bool = True, calibration: bool = True, lr: bool = False,
-                 peers: bool = False, schedule: bool = True, scenarios=None, calibration_options=None,
-                 lr_rows: int | None = None, progress=None) -> SelftestResult:
+def run_selftest(
+    tier: str = "smoke",
+    seed: int = 0,
+    *,
+    alpha: float = ALPHA,
+    verifiers=None,
+    equivalents=None,
+    decoders: bool = True,
+    drafters: bool = True,
+    calibration: bool = True,
+    lr: bool = False,
+    peers: bool = False,
+    schedule: bool = True,
+    scenarios=None,
+    calibration_options=None,
+    lr_rows: int | None = None,
+    progress=None,
+) -> SelftestResult:
     """Run the selftest (see the module docstring).
 
     Parameters
@@ -151,8 +180,17 @@ def run_selftest(tier: str = "smoke", seed: int = 0, *, alpha: float = ALPHA, ve
     lr_rows = (check_int("lr_rows", lr_rows, minimum=1) if lr_rows is not None else LR_ROWS[tier]) if lr else None
     for entry in verifiers + equivalents:
         say(f"{entry.kind} {entry.name}")
-        rows.append(run_verifier_entry(entry, tier=tier, seed=seed, alpha=alpha, scenarios=scenarios,
-                                       schedule=schedule, lr_rows=lr_rows if entry.kind == "verifier" else None))
+        rows.append(
+            run_verifier_entry(
+                entry,
+                tier=tier,
+                seed=seed,
+                alpha=alpha,
+                scenarios=scenarios,
+                schedule=schedule,
+                lr_rows=lr_rows if entry.kind == "verifier" else None,
+            )
+        )
     if decoders:
         say("decoder mutants")
         rows += run_decoder_mutants(tier=tier, seed=seed, alpha=alpha)
@@ -169,8 +207,17 @@ def run_selftest(tier: str = "smoke", seed: int = 0, *, alpha: float = ALPHA, ve
     if peers:
         say("peers")
         peer_rows = _peer_rows(verifiers + equivalents, seed)
-    return SelftestResult(rows=tuple(rows), calibration=cal, peers=peer_rows, tier=tier, seed=seed, alpha=alpha,
-                          seconds=time.perf_counter() - start, notes=tuple(notes), environment=environment())
+    return SelftestResult(
+        rows=tuple(rows),
+        calibration=cal,
+        peers=peer_rows,
+        tier=tier,
+        seed=seed,
+        alpha=alpha,
+        seconds=time.perf_counter() - start,
+        notes=tuple(notes),
+        environment=environment(),
+    )
 
 
 def main(tier: str = "smoke", seed: int = 0, as_json: bool = False, matrix_path=None, *, stream=None) -> int:
@@ -184,8 +231,13 @@ def main(tier: str = "smoke", seed: int = 0, as_json: bool = False, matrix_path=
     def progress(message: str) -> None:
         print(f"[selftest] {message}", file=sys.stderr, flush=True)
 
-    result = run_selftest(tier=tier, seed=seed, lr=with_matrix or tier != "smoke", peers=with_matrix,
-                          progress=None if as_json else progress)
+    result = run_selftest(
+        tier=tier,
+        seed=seed,
+        lr=with_matrix or tier != "smoke",
+        peers=with_matrix,
+        progress=None if as_json else progress,
+    )
     print(render_json(result) if as_json else render_text(result), file=out)
     if with_matrix:
         from pathlib import Path

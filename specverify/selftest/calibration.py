@@ -20,9 +20,9 @@ import numpy as np
 from scipy import stats as _st
 
 from specverify import stats
-from specverify.verifier.battery import run_scenario
-from specverify.mutants import by_name
 from specverify.core.results import FAIL
+from specverify.mutants import by_name
+from specverify.verifier.battery import run_scenario
 from specverify.verifier.scenarios import get_scenarios
 
 from .plan import CALIBRATION_SCENARIOS, ONE_HOT_DRAFTERS
@@ -34,10 +34,32 @@ CALIBRATION_ALPHA = 0.05
 #: (seeds, rows per scenario run, implementations) per tier.
 CALIBRATION_PLANS = {
     "smoke": (30, 1024, ("canonical",)),
-    "standard": (200, 4096, ("canonical", "accept_le", "exponential_race", "residual_over_overlap", "no_bonus",
-                             "sample_and_match", "pointmass_fallback")),
-    "deep": (1000, 8192, ("canonical", "accept_le", "exponential_race", "residual_over_overlap", "no_bonus",
-                          "sample_and_match", "pointmass_fallback")),
+    "standard": (
+        200,
+        4096,
+        (
+            "canonical",
+            "accept_le",
+            "exponential_race",
+            "residual_over_overlap",
+            "no_bonus",
+            "sample_and_match",
+            "pointmass_fallback",
+        ),
+    ),
+    "deep": (
+        1000,
+        8192,
+        (
+            "canonical",
+            "accept_le",
+            "exponential_race",
+            "residual_over_overlap",
+            "no_bonus",
+            "sample_and_match",
+            "pointmass_fallback",
+        ),
+    ),
 }
 
 
@@ -49,8 +71,16 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     return lo, hi
 
 
-def run_calibration(*, tier: str, seed: int, seeds: int | None = None, rows: int | None = None,
-                    implementations=None, scenarios=None, alpha: float = CALIBRATION_ALPHA) -> dict:
+def run_calibration(
+    *,
+    tier: str,
+    seed: int,
+    seeds: int | None = None,
+    rows: int | None = None,
+    implementations=None,
+    scenarios=None,
+    alpha: float = CALIBRATION_ALPHA,
+) -> dict:
     """False-alarm rate of correct implementations at ``alpha`` over ``seeds`` seeds (see the module docstring)."""
     n_seeds, n_rows, impls = CALIBRATION_PLANS[tier]
     n_seeds = seeds or n_seeds
@@ -74,18 +104,33 @@ def run_calibration(*, tier: str, seed: int, seeds: int | None = None, rows: int
                 rejections += int(bool(errs) or stats.verdict(graded) == FAIL)
                 gof_p += [r.pvalue for r in res if r.family == "gof"]
         lo, hi = clopper_pearson(rejections, trials)
-        per_impl[name] = {"trials": trials, "rejections": rejections, "rate": rejections / max(trials, 1),
-                          "ci95": [lo, hi], "consistent": alpha <= hi}
+        per_impl[name] = {
+            "trials": trials,
+            "rejections": rejections,
+            "rate": rejections / max(trials, 1),
+            "ci95": [lo, hi],
+            "consistent": alpha <= hi,
+        }
     total = sum(v["trials"] for v in per_impl.values())
     rej = sum(v["rejections"] for v in per_impl.values())
     lo, hi = clopper_pearson(rej, total)
     ks = _st.kstest(np.asarray(gof_p), "uniform") if gof_p else None
     return {
-        "alpha": alpha, "seeds": n_seeds, "rows_per_run": n_rows, "scenarios": [s.name for s in chosen],
-        "implementations": per_impl, "trials": total, "rejections": rej, "rate": rej / max(total, 1),
-        "ci95": [lo, hi], "consistent": alpha <= hi,
-        "gof_pvalues": {"count": len(gof_p), "ks_statistic": None if ks is None else float(ks.statistic),
-                        "ks_pvalue": None if ks is None else float(ks.pvalue),
-                        "fraction_below_alpha": float(np.mean(np.asarray(gof_p) <= alpha)) if gof_p else None},
+        "alpha": alpha,
+        "seeds": n_seeds,
+        "rows_per_run": n_rows,
+        "scenarios": [s.name for s in chosen],
+        "implementations": per_impl,
+        "trials": total,
+        "rejections": rej,
+        "rate": rej / max(total, 1),
+        "ci95": [lo, hi],
+        "consistent": alpha <= hi,
+        "gof_pvalues": {
+            "count": len(gof_p),
+            "ks_statistic": None if ks is None else float(ks.statistic),
+            "ks_pvalue": None if ks is None else float(ks.pvalue),
+            "fraction_below_alpha": float(np.mean(np.asarray(gof_p) <= alpha)) if gof_p else None,
+        },
         "seconds": time.perf_counter() - start,
     }

@@ -59,7 +59,14 @@ from scipy import stats as _st
 from specverify.core.errors import InvalidArgument
 from specverify.core.validation import check_alpha, check_int
 
-__all__ = ["LRLimit", "lr_samples_needed", "bernoulli_lr_samples_needed", "estimate_law_limit", "PSEUDO_COUNT", "SMALL_N"]
+__all__ = [
+    "LRLimit",
+    "lr_samples_needed",
+    "bernoulli_lr_samples_needed",
+    "estimate_law_limit",
+    "PSEUDO_COUNT",
+    "SMALL_N",
+]
 
 #: Below this many observations the normal approximation of the LR sum is rough (flagged ``small_n``).
 SMALL_N = 30
@@ -157,8 +164,18 @@ def lr_samples_needed(null_probs, alt_probs, *, weights=None, alpha: float = 1e-
     n_normal = ((z_a * math.sqrt(var0) + z_b * math.sqrt(var1)) / gap) ** 2 if gap > 0 else math.inf
     mass = float(np.sum(w[:, None] * np.where(p <= 0, m, 0.0)))
     n_support = math.log(1.0 - power) / math.log1p(-mass) if 0 < mass < 1 else (1.0 if mass >= 1 else math.inf)
-    return LRLimit(n=min(n_normal, n_support), n_normal=n_normal, n_support=n_support, mu0=mu0, mu1=mu1,
-                   sigma0=math.sqrt(var0), sigma1=math.sqrt(var1), support_mass=mass, alpha=alpha, power=power)
+    return LRLimit(
+        n=min(n_normal, n_support),
+        n_normal=n_normal,
+        n_support=n_support,
+        mu0=mu0,
+        mu1=mu1,
+        sigma0=math.sqrt(var0),
+        sigma1=math.sqrt(var1),
+        support_mass=mass,
+        alpha=alpha,
+        power=power,
+    )
 
 
 def bernoulli_lr_samples_needed(p0: float, p1: float, *, alpha: float = 1e-3, power: float = 0.9) -> LRLimit:
@@ -170,6 +187,7 @@ def bernoulli_lr_samples_needed(p0: float, p1: float, *, alpha: float = 1e-3, po
 
 
 # ---------------------------------------------------------------- Monte Carlo estimate of the mutant's law
+
 
 def _smoothed(counts: np.ndarray, support: np.ndarray) -> np.ndarray:
     """Counts (S, V) -> laws with a pseudo-count on ``support`` (p's support and observed tokens)."""
@@ -185,8 +203,18 @@ def _strata(keys: np.ndarray, tokens: np.ndarray, null_rows: np.ndarray, V: int)
     return null_rows(uniq), counts, counts.sum(-1)
 
 
-def estimate_law_limit(verify, scenario, position: str, family: str, *, rows: int, seed: int, alpha: float,
-                       power: float = 0.9, details: dict | None = None) -> dict:
+def estimate_law_limit(
+    verify,
+    scenario,
+    position: str,
+    family: str,
+    *,
+    rows: int,
+    seed: int,
+    alpha: float,
+    power: float = 0.9,
+    details: dict | None = None,
+) -> dict:
     """LR limit for the tokens one battery test used, with the mutant's law estimated by Monte Carlo.
 
     Parameters
@@ -224,8 +252,16 @@ def estimate_law_limit(verify, scenario, position: str, family: str, *, rows: in
     target, drafter = scenario.build()
     B = min(scenario.batch_size, rows)
     gen = torch.Generator().manual_seed(scenario_seed(seed, "lr-limit/" + scenario.name))
-    run = run_harness(verify, target, drafter, k=scenario.k, batch_size=B, length=scenario.length,
-                      generator=gen, num_groups=max(1, math.ceil(rows / B)))
+    run = run_harness(
+        verify,
+        target,
+        drafter,
+        k=scenario.k,
+        batch_size=B,
+        length=scenario.length,
+        generator=gen,
+        num_groups=max(1, math.ceil(rows / B)),
+    )
     table = target.table.numpy().astype(np.float64)  # (C, V)
     V = target.vocab_size
     tok, ctx, bpos = run.tokens.numpy(), run.target_contexts.numpy(), run.block_positions.numpy()
@@ -300,8 +336,14 @@ def _limit(null, counts, fraction, strat, *, alpha, power) -> dict:
     signal = lim.mu1 - lim.mu0
     n_tok = lim.n / fraction if fraction > 0 else math.inf
     out = lim.to_dict()
-    out.update(stratum=strat, fraction=float(fraction), n_lr=None if not math.isfinite(lim.n) else lim.n,
-               n_lr_tokens=None if not math.isfinite(n_tok) else n_tok, mc_floor=floor, signal=signal,
-               mc_limited=bool(lim.support_mass == 0 and signal < 10 * floor),
-               small_n=bool(lim.n < SMALL_N))
+    out.update(
+        stratum=strat,
+        fraction=float(fraction),
+        n_lr=None if not math.isfinite(lim.n) else lim.n,
+        n_lr_tokens=None if not math.isfinite(n_tok) else n_tok,
+        mc_floor=floor,
+        signal=signal,
+        mc_limited=bool(lim.support_mass == 0 and signal < 10 * floor),
+        small_n=bool(lim.n < SMALL_N),
+    )
     return out

@@ -54,8 +54,14 @@ def power_estimate(kill: dict | None) -> int | None:
 def _kill_with_stats(results) -> dict | None:
     kill = killing_test(results)
     if kill is not None:
-        r = next(x for x in results if x.grade == FAIL and x.scenario == kill["scenario"] and x.name == kill["name"]
-                 and x.position == kill["position"])
+        r = next(
+            x
+            for x in results
+            if x.grade == FAIL
+            and x.scenario == kill["scenario"]
+            and x.name == kill["name"]
+            and x.position == kill["position"]
+        )
         kill.update(df=r.df, statistic=r.statistic)
     return kill
 
@@ -64,17 +70,39 @@ def _row(group, name, kind, provenance, expected_fail, report, seconds, samples_
     killed = report.verdict == FAIL
     kill = _kill_with_stats(report.results) if killed else None
     if killed and kill is None and report.errors:
-        kill = {"family": "protocol", "name": "protocol", "scenario": "", "position": "", "pvalue": 0.0,
-                "adjusted_pvalue": 0.0, "n": 0, "details": {"error": report.errors[0]}}
+        kill = {
+            "family": "protocol",
+            "name": "protocol",
+            "scenario": "",
+            "position": "",
+            "pvalue": 0.0,
+            "adjusted_pvalue": 0.0,
+            "n": 0,
+            "details": {"error": report.errors[0]},
+        }
     needed = power_estimate(kill) if (killed and expected_fail) else None
     return {
-        "group": group, "name": name, "kind": kind, "provenance": provenance, "needs": "", "requires": "",
-        "expected": "fail" if expected_fail else "pass", "verdict": report.verdict, "killed": killed,
-        "ok": killed if expected_fail else not killed, "scenarios": [s.get("name", "") for s in report.scenarios],
-        "samples_run": samples_run, "killing_test": kill, "closest_test": None if killed else best_result(report.results),
-        "errors": list(report.errors), "samples_needed": needed,
-        "samples_method": "power estimate (killing test's units)" if needed else None, "lr": None, "lr_ratio": None,
-        "seconds": seconds, "note": note,
+        "group": group,
+        "name": name,
+        "kind": kind,
+        "provenance": provenance,
+        "needs": "",
+        "requires": "",
+        "expected": "fail" if expected_fail else "pass",
+        "verdict": report.verdict,
+        "killed": killed,
+        "ok": killed if expected_fail else not killed,
+        "scenarios": [s.get("name", "") for s in report.scenarios],
+        "samples_run": samples_run,
+        "killing_test": kill,
+        "closest_test": None if killed else best_result(report.results),
+        "errors": list(report.errors),
+        "samples_needed": needed,
+        "samples_method": "power estimate (killing test's units)" if needed else None,
+        "lr": None,
+        "lr_ratio": None,
+        "seconds": seconds,
+        "note": note,
     }
 
 
@@ -93,12 +121,28 @@ def run_decoder_mutants(*, tier: str, seed: int, alpha: float, names=None) -> li
         if names is not None and m.name not in names:
             continue
         start = time.perf_counter()
-        report = check_decoder(make_decoder_mutant(m.name, target, drafter, k=3), TargetAdapter(target, m.sampling),
-                               tier=tier, seed=seed, alpha=alpha, num_samples=num_samples)
+        report = check_decoder(
+            make_decoder_mutant(m.name, target, drafter, k=3),
+            TargetAdapter(target, m.sampling),
+            tier=tier,
+            seed=seed,
+            alpha=alpha,
+            num_samples=num_samples,
+        )
         n = (num_samples or plan.num_samples) * plan.max_new_tokens * plan.num_prompts
-        rows.append(_row("decoder" if m.lossy else "decoder_equivalent", m.name,
-                         "decoder" if m.lossy else "decoder (lossless)", m.provenance, m.lossy, report,
-                         time.perf_counter() - start, n, note=m.description))
+        rows.append(
+            _row(
+                "decoder" if m.lossy else "decoder_equivalent",
+                m.name,
+                "decoder" if m.lossy else "decoder (lossless)",
+                m.provenance,
+                m.lossy,
+                report,
+                time.perf_counter() - start,
+                n,
+                note=m.description,
+            )
+        )
     return rows
 
 
@@ -108,8 +152,8 @@ DRAFTER_TARGET_SCENARIO = "markov8_temperature_k2"
 def run_drafter_mutants(*, tier: str, seed: int, alpha: float, names=None) -> tuple[list[dict], str]:
     """One row per drafter mutant and honest drafter; ``([], note)`` when the module is missing."""
     try:
-        from specverify.mutants import drafter as dm
         from specverify.drafter import AUDIT_PLANS, audit_drafter
+        from specverify.mutants import drafter as dm
     except ImportError as exc:
         return [], f"drafter mutants skipped: {exc}"
     from specverify.verifier.scenarios import get_scenarios
@@ -125,6 +169,17 @@ def run_drafter_mutants(*, tier: str, seed: int, alpha: float, names=None) -> tu
         start = time.perf_counter()
         report = audit_drafter(e.factory(target), target, tier=tier, seed=seed, alpha=alpha)
         n = plan.num_prompts * plan.consistency_samples
-        rows.append(_row("drafter" if mutant else "drafter_equivalent", e.name, e.kind, e.provenance, mutant, report,
-                         time.perf_counter() - start, n, note=e.description))
+        rows.append(
+            _row(
+                "drafter" if mutant else "drafter_equivalent",
+                e.name,
+                e.kind,
+                e.provenance,
+                mutant,
+                report,
+                time.perf_counter() - start,
+                n,
+                note=e.description,
+            )
+        )
     return rows, f"drafters audited against the target of {DRAFTER_TARGET_SCENARIO} with the canonical verifier"

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
 import torch
 
@@ -131,8 +131,11 @@ def peer_vllm_l2_ratio(verify: Callable, *, seed: int = 0) -> PeerResult:
             ok = ratio_target > ratio_ref * VLLM_IMPROVEMENT_MULTIPLIER
             passed = passed and ok
             details["equal" if equal else "distinct"] = {
-                "distance_to_target": d_target, "distance_to_reference": d_ref,
-                "target_ratio": ratio_target, "reference_ratio": ratio_ref, "passed": ok,
+                "distance_to_target": d_target,
+                "distance_to_reference": d_ref,
+                "target_ratio": ratio_target,
+                "reference_ratio": ratio_ref,
+                "passed": ok,
             }
         return passed, samples, details
 
@@ -258,9 +261,15 @@ def peer_matrix(catalogue, *, seed: int = 0, peers: Mapping[str, Callable] | Non
     rows = []
     for entry in catalogue:
         results = {name: peer(entry.fn, seed=seed) for name, peer in peers.items()}
-        rows.append({
-            "name": entry.name, "kind": entry.kind, "provenance": entry.provenance,
-            "needs": entry.needs, "requires": entry.requires, "results": results,
-            "caught": {name: not r.passed for name, r in results.items()},
-        })
+        rows.append(
+            {
+                "name": entry.name,
+                "kind": entry.kind,
+                "provenance": entry.provenance,
+                "needs": entry.needs,
+                "requires": entry.requires,
+                "results": results,
+                "caught": {name: not r.passed for name, r in results.items()},
+            }
+        )
     return rows

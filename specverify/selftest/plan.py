@@ -39,8 +39,14 @@ from __future__ import annotations
 from specverify.core.errors import InvalidArgument
 from specverify.verifier.scenarios import SCENARIOS, TIERS
 
-__all__ = ["MUTANT_SCENARIOS", "EQUIVALENT_SMOKE", "ONE_HOT_DRAFTERS", "mutant_scenarios", "equivalent_scenarios",
-           "CALIBRATION_SCENARIOS"]
+__all__ = [
+    "MUTANT_SCENARIOS",
+    "EQUIVALENT_SMOKE",
+    "ONE_HOT_DRAFTERS",
+    "mutant_scenarios",
+    "equivalent_scenarios",
+    "CALIBRATION_SCENARIOS",
+]
 
 #: Smoke scenarios per verifier mutant (bug class -> scenarios of the scenarios.py table, then our own).
 MUTANT_SCENARIOS: dict[str, tuple[str, ...]] = {

@@ -21,8 +21,8 @@ import math
 import time
 
 from specverify import stats
-from specverify.verifier.battery import check_verifier, run_scenario
 from specverify.core.results import FAIL
+from specverify.verifier.battery import check_verifier, run_scenario
 from specverify.verifier.scenarios import get_scenarios
 
 __all__ = ["killing_test", "run_verifier_entry", "scaled_scenario", "scenario_tokens", "FIRST_LEVEL_ROWS"]
@@ -37,9 +37,17 @@ def killing_test(results) -> dict | None:
     if not failing:
         return None
     r = min(failing, key=lambda x: (x.adjusted_pvalue if x.adjusted_pvalue is not None else 1.0, x.pvalue))
-    return {"family": r.family, "name": r.name, "scenario": r.scenario, "position": r.position,
-            "pvalue": r.pvalue, "adjusted_pvalue": r.adjusted_pvalue, "n": r.n, "alpha_share": r.alpha,
-            "details": {k: v for k, v in r.details.items() if k in ("context", "error", "tokens")}}
+    return {
+        "family": r.family,
+        "name": r.name,
+        "scenario": r.scenario,
+        "position": r.position,
+        "pvalue": r.pvalue,
+        "adjusted_pvalue": r.adjusted_pvalue,
+        "n": r.n,
+        "alpha_share": r.alpha,
+        "details": {k: v for k, v in r.details.items() if k in ("context", "error", "tokens")},
+    }
 
 
 def best_result(results) -> dict | None:
@@ -48,8 +56,15 @@ def best_result(results) -> dict | None:
     if not graded:
         return None
     r = min(graded, key=lambda x: (x.adjusted_pvalue, x.pvalue))
-    return {"family": r.family, "name": r.name, "scenario": r.scenario, "position": r.position,
-            "pvalue": r.pvalue, "adjusted_pvalue": r.adjusted_pvalue, "n": r.n}
+    return {
+        "family": r.family,
+        "name": r.name,
+        "scenario": r.scenario,
+        "position": r.position,
+        "pvalue": r.pvalue,
+        "adjusted_pvalue": r.adjusted_pvalue,
+        "n": r.n,
+    }
 
 
 def scenario_tokens(scenario, tier: str) -> int:
@@ -85,8 +100,9 @@ def _doubling(fn, scenario, *, tier: str, seed: int, alpha: float) -> tuple[int 
     return None, trace
 
 
-def run_verifier_entry(entry, *, tier: str, seed: int, alpha: float, scenarios=None, schedule: bool = True,
-                       lr_rows: int | None = None) -> dict:
+def run_verifier_entry(
+    entry, *, tier: str, seed: int, alpha: float, scenarios=None, schedule: bool = True, lr_rows: int | None = None
+) -> dict:
     """One matrix row for a verifier entry (mutant or equivalent); see the module docstring."""
     from specverify.selftest.plan import equivalent_scenarios, mutant_scenarios
 
@@ -95,22 +111,48 @@ def run_verifier_entry(entry, *, tier: str, seed: int, alpha: float, scenarios=N
         scenarios = mutant_scenarios(entry.name, tier) if mutant else equivalent_scenarios(entry.requires, tier)
     chosen = get_scenarios(scenarios)
     start = time.perf_counter()
-    report = check_verifier(entry.fn, tier=tier, seed=seed, alpha=alpha, scenarios=[s.name for s in chosen],
-                            implementation=f"catalogue:{entry.name}")
+    report = check_verifier(
+        entry.fn,
+        tier=tier,
+        seed=seed,
+        alpha=alpha,
+        scenarios=[s.name for s in chosen],
+        implementation=f"catalogue:{entry.name}",
+    )
     verdict_seconds = time.perf_counter() - start
     kill = killing_test(report.results)
     if kill is None and report.errors:
-        kill = {"family": "protocol", "name": "protocol", "scenario": "", "position": "", "pvalue": 0.0,
-                "adjusted_pvalue": 0.0, "n": 0, "details": {"error": report.errors[0]}}
+        kill = {
+            "family": "protocol",
+            "name": "protocol",
+            "scenario": "",
+            "position": "",
+            "pvalue": 0.0,
+            "adjusted_pvalue": 0.0,
+            "n": 0,
+            "details": {"error": report.errors[0]},
+        }
     killed = report.verdict == FAIL
     row = {
-        "group": "verifier" if mutant else "equivalent", "name": entry.name, "kind": entry.kind,
-        "provenance": entry.provenance, "needs": entry.needs, "requires": entry.requires,
-        "expected": "fail" if mutant else "pass", "verdict": report.verdict, "killed": killed,
-        "ok": killed if mutant else not killed, "scenarios": [s.name for s in chosen],
-        "samples_run": sum(scenario_tokens(s, tier) for s in chosen), "killing_test": kill,
-        "closest_test": None if killed else best_result(report.results), "errors": list(report.errors),
-        "samples_needed": None, "samples_method": None, "lr": None, "lr_ratio": None,
+        "group": "verifier" if mutant else "equivalent",
+        "name": entry.name,
+        "kind": entry.kind,
+        "provenance": entry.provenance,
+        "needs": entry.needs,
+        "requires": entry.requires,
+        "expected": "fail" if mutant else "pass",
+        "verdict": report.verdict,
+        "killed": killed,
+        "ok": killed if mutant else not killed,
+        "scenarios": [s.name for s in chosen],
+        "samples_run": sum(scenario_tokens(s, tier) for s in chosen),
+        "killing_test": kill,
+        "closest_test": None if killed else best_result(report.results),
+        "errors": list(report.errors),
+        "samples_needed": None,
+        "samples_method": None,
+        "lr": None,
+        "lr_ratio": None,
     }
     if killed and mutant and kill is not None:
         by_name = {s.name: s for s in chosen}
@@ -126,15 +168,26 @@ def run_verifier_entry(entry, *, tier: str, seed: int, alpha: float, scenarios=N
         else:
             row["samples_needed"], row["samples_method"] = full, "run"
         if lr_rows and "within-batch" in entry.needs:
-            row["lr"] = {"n_lr_tokens": None, "note": "no LR limit: the mutant makes the rows of a batch dependent "
-                         "(each row's law is exact), so the i.i.d. likelihood-ratio limit does not apply"}
+            row["lr"] = {
+                "n_lr_tokens": None,
+                "note": "no LR limit: the mutant makes the rows of a batch dependent "
+                "(each row's law is exact), so the i.i.d. likelihood-ratio limit does not apply",
+            }
         elif lr_rows:
             from specverify.selftest.lr_limit import estimate_law_limit
 
             t0 = time.perf_counter()
             try:
-                lr = estimate_law_limit(entry.fn, kill_scenario, kill["position"], kill["family"], rows=lr_rows,
-                                        seed=seed, alpha=alpha, details=kill.get("details"))
+                lr = estimate_law_limit(
+                    entry.fn,
+                    kill_scenario,
+                    kill["position"],
+                    kill["family"],
+                    rows=lr_rows,
+                    seed=seed,
+                    alpha=alpha,
+                    details=kill.get("details"),
+                )
             except Exception as exc:  # the mutant raised inside the Monte Carlo run: report, do not crash
                 lr = {"n_lr_tokens": None, "note": f"{type(exc).__name__}: {exc}"}
             lr["seconds"] = time.perf_counter() - t0

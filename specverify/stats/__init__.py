@@ -8,6 +8,7 @@ support), :mod:`.twosample`, :mod:`.directed` (PIT, scores, acceptance),
 (weighted Holm, grades), :mod:`.eprocess`.  See design.md, "Statistical design".
 """
 
+from ._common import cressie_read
 from .binning import Bins, bin_counts, make_bins, p_order
 from .budget import DEFAULT_FAMILY_WEIGHTS, UNKNOWN_FAMILY_WEIGHT, grade, holm_adjust, verdict
 from .directed import acceptance_test, entropy_scores, pit_test, randomised_pit, ratio_scores, score_test
@@ -16,7 +17,6 @@ from .gof import gof_test, support_test
 from .independence import collision_moments, collision_test
 from .power import min_detectable_tv, noncentrality_needed, samples_needed
 from .twosample import two_sample_test
-from ._common import cressie_read
 
 __all__ = [
     "Bins",

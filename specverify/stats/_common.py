@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from specverify.core.errors import InvalidArgument
-from specverify.core.validation import check_alpha  # noqa: F401  (re-exported for the stats modules)
+from specverify.core.validation import check_alpha
 
 __all__ = [
     "as_float_array",

@@ -20,7 +20,7 @@ Scand. J. Statist. 6 (1979) 65-70; PractRand / TestU01 grading conventions.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -183,7 +183,9 @@ def verdict(graded_results: Iterable[TestResult]) -> str:
         if not isinstance(r, TestResult):
             raise InvalidArgument(f"graded_results[{i}] must be a TestResult, got {type(r).__name__}")
         if r.grade not in (PASS, SUSPICIOUS, FAIL):
-            raise InvalidArgument(f"graded_results[{i}] ({r.family}/{r.name}) is not graded (grade={r.grade!r}); call grade() first")
+            raise InvalidArgument(
+                f"graded_results[{i}] ({r.family}/{r.name}) is not graded (grade={r.grade!r}); call grade() first"
+            )
         grades.append(r.grade)
     if FAIL in grades:
         return FAIL

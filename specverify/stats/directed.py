@@ -91,19 +91,19 @@ def randomised_pit(probs, tokens, *, generator: torch.Generator, order: str = "p
     step = max(1, _CHUNK // max(V, 1))
     with np.errstate(divide="ignore", invalid="ignore"):
         for s in range(0, N, step):
-            p = target[s:s + step]  # (n, V)
-            x = tok[s:s + step]
+            p = target[s : s + step]  # (n, V)
+            x = tok[s : s + step]
             rows = np.arange(p.shape[0])
             if order == "p":
                 key = -p  # ascending key = descending p
             else:
-                q = draft[s:s + step]
+                q = draft[s : s + step]
                 key = np.log(q) - np.log(p)  # -inf where q = 0, +inf where p = 0
                 key = np.where(p > 0, key, np.inf)
             kx = key[rows, x][:, None]  # (n, 1)
             before = (key < kx) | ((key == kx) & (ids[None, :] < x[:, None]))  # (n, V)
             px = p[rows, x]
-            out[s:s + step] = np.minimum((p * before).sum(axis=1) + u[s:s + step] * px, 1.0)
+            out[s : s + step] = np.minimum((p * before).sum(axis=1) + u[s : s + step] * px, 1.0)
     return out
 
 
@@ -154,8 +154,15 @@ def pit_test(
         raise InvalidArgument(f"pit_values[{i}] is {x[i]} (must be in [0, 1])")
     n = int(x.size)
     if n == 0:
-        return TestResult(statistic=0.0, pvalue=1.0, family=family, n=0, method="KS uniformity of PIT: no samples",
-                          details={"mde_kolmogorov": math.inf}, **opts)
+        return TestResult(
+            statistic=0.0,
+            pvalue=1.0,
+            family=family,
+            n=0,
+            method="KS uniformity of PIT: no samples",
+            details={"mde_kolmogorov": math.inf},
+            **opts,
+        )
     res = _st.kstest(x, "uniform", method="auto")
     crit = float(_st.kstwo.isf(alpha, n))
     mde = crit + float(_st.norm.isf(1 - power)) / (2.0 * math.sqrt(n)) if n else math.inf
@@ -183,13 +190,13 @@ def entropy_scores(probs, tokens):
     variances = np.empty(x_all.size)
     step = max(1, _CHUNK // max(p_all.shape[1], 1))
     for s in range(0, x_all.size, step):
-        p, x = p_all[s:s + step], x_all[s:s + step]  # (n, V), (n,)
+        p, x = p_all[s : s + step], x_all[s : s + step]  # (n, V), (n,)
         logp = np.log(np.where(p > 0, p, 1.0))  # 0 where p = 0
         ent = -(p * logp).sum(axis=1)
         second = (p * logp * logp).sum(axis=1)
         px = p[np.arange(x.size), x]
-        scores[s:s + step] = np.where(px > 0, np.log(np.where(px > 0, px, 1.0)), -np.inf) + ent
-        variances[s:s + step] = np.maximum(second - ent * ent, 0.0)
+        scores[s : s + step] = np.where(px > 0, np.log(np.where(px > 0, px, 1.0)), -np.inf) + ent
+        variances[s : s + step] = np.maximum(second - ent * ent, 0.0)
     return scores, variances
 
 
@@ -232,7 +239,7 @@ def ratio_scores(target_probs, draft_probs, tokens, *, clip: float | None = 10.0
     variances = np.empty(x.size)
     step = max(1, _CHUNK // max(p.shape[1], 1))
     for s in range(0, x.size, step):
-        pp, qq, xx = p[s:s + step], q[s:s + step], x[s:s + step]  # (n, V), (n, V), (n,)
+        pp, qq, xx = p[s : s + step], q[s : s + step], x[s : s + step]  # (n, V), (n, V), (n,)
         pos = pp > 0
         with np.errstate(over="ignore"):  # q/p beyond float range is inf, then clipped
             ratio = np.where(pos, qq / np.where(pos, pp, 1.0), 0.0)  # (n, V)
@@ -242,8 +249,8 @@ def ratio_scores(target_probs, draft_probs, tokens, *, clip: float | None = 10.0
         second = (pp * ratio * ratio).sum(axis=1)
         rows = np.arange(xx.size)
         px = pp[rows, xx]
-        scores[s:s + step] = np.where(px > 0, ratio[rows, xx], np.inf) - mean
-        variances[s:s + step] = np.maximum(second - mean * mean, 0.0)
+        scores[s : s + step] = np.where(px > 0, ratio[rows, xx], np.inf) - mean
+        variances[s : s + step] = np.maximum(second - mean * mean, 0.0)
     return scores, variances
 
 
@@ -294,16 +301,24 @@ def score_test(
     base = dict(opts, family=family, n=n)
     if not np.all(np.isfinite(s)):
         bad = np.flatnonzero(~np.isfinite(s))
-        return TestResult(statistic=float(np.sign(s[bad[0]]) * math.inf), pvalue=0.0,
-                          method="score z-test: infinite score (token of probability 0): certain failure",
-                          details={"rows": bad[:100].tolist()}, **base)
+        return TestResult(
+            statistic=float(np.sign(s[bad[0]]) * math.inf),
+            pvalue=0.0,
+            method="score z-test: infinite score (token of probability 0): certain failure",
+            details={"rows": bad[:100].tolist()},
+            **base,
+        )
     total = float(s.sum())
     if total_var <= 0:
         ok = bool(np.all(np.abs(s) <= 1e-9))
-        return TestResult(statistic=0.0 if ok else math.copysign(math.inf, total), pvalue=1.0 if ok else 0.0,
-                          method="score z-test: zero variance (deterministic scores); " +
-                          ("all scores 0" if ok else "non-zero score: certain failure"),
-                          details={"sum": total, "variance": 0.0}, **base)
+        return TestResult(
+            statistic=0.0 if ok else math.copysign(math.inf, total),
+            pvalue=1.0 if ok else 0.0,
+            method="score z-test: zero variance (deterministic scores); "
+            + ("all scores 0" if ok else "non-zero score: certain failure"),
+            details={"sum": total, "variance": 0.0},
+            **base,
+        )
     z = total / math.sqrt(total_var)
     shift = (float(_st.norm.isf(alpha / 2)) + float(_st.norm.isf(1 - power))) * math.sqrt(total_var) / n
     return TestResult(
@@ -394,8 +409,14 @@ def acceptance_test(
     var = float((probs * (1 - probs)).sum())
     sd = math.sqrt(var)
     z = (k - mu) / sd if sd > 0 else (0.0 if abs(k - mu) < 0.5 else math.copysign(math.inf, k - mu))
-    details = {"observed": k, "expected": mu, "variance": var, "trials": m,
-               "observed_rate": k / m if m else math.nan, "expected_rate": mu / m if m else math.nan}
+    details = {
+        "observed": k,
+        "expected": mu,
+        "variance": var,
+        "trials": m,
+        "observed_rate": k / m if m else math.nan,
+        "expected_rate": mu / m if m else math.nan,
+    }
     sure = (probs == 0) | (probs == 1)
     fixed = int(np.count_nonzero(probs == 1))
     free = probs[~sure]
@@ -415,7 +436,7 @@ def acceptance_test(
         pvalue = float(min(1.0, pmf[pmf <= pk * (1 + 1e-7)].sum())) if pk > 0 else 0.0
         how = "exact Poisson-binomial (convolution), two-sided minlike"
     else:
-        gamma = float((free * (1 - free) * (1 - 2 * free)).sum()) / var ** 1.5
+        gamma = float((free * (1 - free) * (1 - 2 * free)).sum()) / var**1.5
 
         def cdf(x):  # refined normal approximation of P(X <= x)
             t = (x + 0.5 - mu) / sd
@@ -425,7 +446,9 @@ def acceptance_test(
         pvalue = min(1.0, 2.0 * min(lower, upper))
         how = "refined normal approximation (Hong 2013) with continuity and skewness correction, doubled tail"
     details["method"] = how
-    details["mde_rate"] = ((float(_st.norm.isf(alpha / 2)) + float(_st.norm.isf(1 - power))) * sd / m) if m else math.inf
+    details["mde_rate"] = (
+        ((float(_st.norm.isf(alpha / 2)) + float(_st.norm.isf(1 - power))) * sd / m) if m else math.inf
+    )
     return TestResult(
         statistic=float(z),
         pvalue=float(pvalue),

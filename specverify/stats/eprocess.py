@@ -24,7 +24,7 @@ safe anytime-valid inference", Statist. Sci. 38 (2023); H. Robbins (1970)
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 from scipy.special import gammaln, logsumexp
@@ -71,7 +71,7 @@ class CategoricalEProcess:
         grid = np.asarray(list(log10_c), dtype=np.float64)
         if grid.ndim != 1 or grid.size == 0 or not np.all(np.isfinite(grid)):
             raise InvalidArgument(f"log10_c must be a non-empty sequence of finite numbers, got {log10_c!r}")
-        self._c = 10.0 ** grid
+        self._c = 10.0**grid
         self._support = self._p > 0
         self._logp = np.log(np.where(self._support, self._p, 1.0))
         self._counts = np.zeros(self._p.shape[0], dtype=np.int64)
@@ -182,7 +182,13 @@ def sequential_gof(
         ),
         family=family,
         n=proc.n,
-        details={"stopped_at": proc.n, "rejected": rejected, "batches": n_batches, "alpha": alpha,
-                 "max_log_e": proc.max_log_e, "log_e_path": proc.history[:1000]},
+        details={
+            "stopped_at": proc.n,
+            "rejected": rejected,
+            "batches": n_batches,
+            "alpha": alpha,
+            "max_log_e": proc.max_log_e,
+            "log_e_path": proc.history[:1000],
+        },
         **opts,
     )

@@ -37,11 +37,15 @@ def _pair(counts, expected_probs, counts_name="counts", probs_name="expected_pro
             f"{counts_name} and {probs_name} must have the same shape (V,), got {counts.shape} and {weights.shape}"
         )
     if weights.size == 0 or weights.sum() <= 0:
-        raise InvalidArgument(f"{probs_name} must have a positive sum, got {weights.sum() if weights.size else 'empty'}")
+        raise InvalidArgument(
+            f"{probs_name} must have a positive sum, got {weights.sum() if weights.size else 'empty'}"
+        )
     return counts, weights
 
 
-def binned_details(bins: Bins, observed: np.ndarray, expected: np.ndarray, contributions: np.ndarray | None = None) -> dict:
+def binned_details(
+    bins: Bins, observed: np.ndarray, expected: np.ndarray, contributions: np.ndarray | None = None
+) -> dict:
     """Per-bin observed/expected counts, token ids of small bins, the worst bins."""
     details = {
         "observed": observed.astype(np.float64).tolist(),
@@ -55,7 +59,7 @@ def binned_details(bins: Bins, observed: np.ndarray, expected: np.ndarray, contr
     last = np.searchsorted(sorted_bins, np.arange(bins.num_bins), side="right")
     for b in range(bins.num_bins):
         if bins.tokens_per_bin[b] <= SMALL_BIN:
-            small[b] = order_ids[first[b]:last[b]].tolist()
+            small[b] = order_ids[first[b] : last[b]].tolist()
     details["bin_tokens"] = small
     if contributions is not None and contributions.size:
         worst = np.argsort(-contributions, kind="stable")[:5]

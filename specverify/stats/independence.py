@@ -99,17 +99,31 @@ def collision_test(
     mean1, var1 = collision_moments(p, n)
     mean, var = n_batches * mean1, n_batches * var1
     s2 = float(np.sum(p * p))
-    details = {"observed": observed, "expected": mean, "variance": var, "batches": n_batches, "batch_size": n,
-               "sum_p2": s2, "sum_p3": float(np.sum(p ** 3))}
+    details = {
+        "observed": observed,
+        "expected": mean,
+        "variance": var,
+        "batches": n_batches,
+        "batch_size": n,
+        "sum_p2": s2,
+        "sum_p3": float(np.sum(p**3)),
+    }
     base = dict(opts, family=family, n=n_batches * n)
     if var <= 0:
         ok = abs(observed - mean) < 0.5
-        return TestResult(statistic=0.0 if ok else math.copysign(math.inf, observed - mean), pvalue=1.0 if ok else 0.0,
-                          method="collision count: deterministic under H0 (zero variance); " +
-                          ("as expected" if ok else "deviation: certain failure"), details=details, **base)
+        return TestResult(
+            statistic=0.0 if ok else math.copysign(math.inf, observed - mean),
+            pvalue=1.0 if ok else 0.0,
+            method="collision count: deterministic under H0 (zero variance); "
+            + ("as expected" if ok else "deviation: certain failure"),
+            details=details,
+            **base,
+        )
     z = (observed - mean) / math.sqrt(var)
     details["mde_relative_excess"] = (
-        (float(_st.norm.isf(alpha / 2)) + float(_st.norm.isf(1 - power))) * math.sqrt(var) / mean if mean > 0 else math.inf
+        (float(_st.norm.isf(alpha / 2)) + float(_st.norm.isf(1 - power))) * math.sqrt(var) / mean
+        if mean > 0
+        else math.inf
     )
     return TestResult(
         statistic=z,

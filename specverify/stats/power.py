@@ -26,7 +26,8 @@ from __future__ import annotations
 import functools
 import math
 
-from scipy import optimize, stats as _st
+from scipy import optimize
+from scipy import stats as _st
 
 from specverify.core.errors import InvalidArgument
 

@@ -81,9 +81,16 @@ def two_sample_test(
     pooled = a + b
     if n == 0 or m == 0:
         return TestResult(
-            statistic=0.0, pvalue=1.0, family=family, n=n + m, df=0, bins=0, mde_tv=math.inf,
+            statistic=0.0,
+            pvalue=1.0,
+            family=family,
+            n=n + m,
+            df=0,
+            bins=0,
+            mde_tv=math.inf,
             method="Cressie-Read two-sample homogeneity: an empty sample; statistic 0, p-value 1, no power",
-            details={"n_a": n, "n_b": m, "n_eff": n_eff, "mde_n": n_eff}, **opts,
+            details={"n_a": n, "n_b": m, "n_eff": n_eff, "mde_n": n_eff},
+            **opts,
         )
     bins = make_bins(pooled, min(n, m), e_min=e_min)
     nb = bins.num_bins
@@ -93,13 +100,25 @@ def two_sample_test(
     exp_a, exp_b = n * share, m * share
     common = dict(opts, family=family, n=n + m, bins=nb, multi_token_mass=bins.multi_token_mass)
     details = binned_details(bins, obs_a, exp_a)
-    details.update(observed_b=obs_b.tolist(), expected_b=exp_b.tolist(), n_a=n, n_b=m, n_eff=n_eff,
-                   mde_n=n_eff, e_min=bins.e_min, power=power)
+    details.update(
+        observed_b=obs_b.tolist(),
+        expected_b=exp_b.tolist(),
+        n_a=n,
+        n_b=m,
+        n_eff=n_eff,
+        mde_n=n_eff,
+        e_min=bins.e_min,
+        power=power,
+    )
     details["observed_a"] = details.pop("observed")
     details["expected_a"] = details.pop("expected")
     if nb < 2:
         return TestResult(
-            statistic=0.0, pvalue=1.0, df=0, mde_tv=math.inf, details=details,
+            statistic=0.0,
+            pvalue=1.0,
+            df=0,
+            mde_tv=math.inf,
+            details=details,
             method="Cressie-Read two-sample homogeneity: a single pooled bin; statistic 0, p-value 1, no power",
             **common,
         )

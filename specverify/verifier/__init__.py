@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import importlib
 
-_LAZY = {name: "specverify.verifier.battery" for name in
-         ("check_verifier", "check_greedy_verifier", "check_verifier_on", "list_scenarios")}
+_LAZY = {
+    name: "specverify.verifier.battery"
+    for name in ("check_verifier", "check_greedy_verifier", "check_verifier_on", "list_scenarios")
+}
 
 __all__ = list(_LAZY)
 

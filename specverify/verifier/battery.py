@@ -40,13 +40,21 @@ import torch
 from reference.rules import greedy_verify
 from specverify import stats
 from specverify.core.errors import ImplementationError, InvalidArgument
-from specverify.verifier.harness import HarnessRun, run_harness
-from specverify.core.tables import TableModel
 from specverify.core.results import FAIL, Report, TestResult
-from specverify.verifier.scenarios import TIERS, Scenario, get_scenarios, scenario_seed
+from specverify.core.tables import TableModel
 from specverify.core.validation import check_alpha, check_int, check_run_options
+from specverify.verifier.harness import HarnessRun, run_harness
+from specverify.verifier.scenarios import TIERS, Scenario, get_scenarios, scenario_seed
 
-__all__ = ["check_verifier", "check_greedy_verifier", "check_verifier_on", "list_scenarios", "analyse_run", "run_scenario", "environment"]
+__all__ = [
+    "check_verifier",
+    "check_greedy_verifier",
+    "check_verifier_on",
+    "list_scenarios",
+    "analyse_run",
+    "run_scenario",
+    "environment",
+]
 
 #: Cells (tokens x V) of per-token probability rows the directed tests may materialise per scenario.
 DIRECTED_CELLS = 1 << 22
@@ -78,7 +86,9 @@ def _implementation_name(obj) -> str:
 
 
 # ------------------------------------------------------------------ analysis
-def analyse_run(run: HarnessRun, target: TableModel, drafter: TableModel, *, scenario: str, alpha: float, seed: int) -> list[TestResult]:
+def analyse_run(
+    run: HarnessRun, target: TableModel, drafter: TableModel, *, scenario: str, alpha: float, seed: int
+) -> list[TestResult]:
     """All tests of one harness run (ungraded TestResults); see the module docstring."""
     results: list[TestResult] = []
     common = dict(scenario=scenario, alpha=alpha)
@@ -117,12 +127,16 @@ def analyse_run(run: HarnessRun, target: TableModel, drafter: TableModel, *, sce
     # GOF per context node (context-dependent targets only)
     if not target.token_independent:
         visits = R * marg_ctx.sum(0)  # (C,) expected visits
-        nodes = [int(c) for c in np.argsort(-visits, kind="stable")[:MAX_NODES] if visits[c] >= max(NODE_MIN_VISITS, 20 * V)]
+        nodes = [
+            int(c) for c in np.argsort(-visits, kind="stable")[:MAX_NODES] if visits[c] >= max(NODE_MIN_VISITS, 20 * V)
+        ]
         order_tok, order_ctx = tokens.T.reshape(-1), tctx.T.reshape(-1)  # (position, row) order
         for c in nodes:
             m = int(0.9 * visits[c])
             toks = order_tok[order_ctx == c][:m]
-            res = stats.gof_test(np.bincount(toks, minlength=V), table[c], position=f"node={_node_label(target, c)}", **common)
+            res = stats.gof_test(
+                np.bincount(toks, minlength=V), table[c], position=f"node={_node_label(target, c)}", **common
+            )
             results.append(res.replace(details={**res.details, "context": c, "expected_visits": float(visits[c])}))
 
     results += _directed(run, target, drafter, common=common, seed=seed)
@@ -181,10 +195,16 @@ def _directed(run: HarnessRun, target, drafter, *, common, seed) -> list[TestRes
 # ------------------------------------------------------------------ running
 def _protocol_result(scenario: str, ok: bool, n: int, message: str = "") -> TestResult:
     return TestResult(
-        statistic=0.0 if ok else 1.0, pvalue=1.0 if ok else 0.0, name="protocol", family="protocol",
+        statistic=0.0 if ok else 1.0,
+        pvalue=1.0 if ok else 0.0,
+        name="protocol",
+        family="protocol",
         method="verifier output validation: shapes, dtypes, num_emitted in [1, K+1], ids in [0, V), "
         "emitted prefix = drafts, same output for the same generator seed (exact)",
-        n=n, scenario=scenario, position="all", details={"error": message} if message else {},
+        n=n,
+        scenario=scenario,
+        position="all",
+        details={"error": message} if message else {},
     )
 
 
@@ -194,8 +214,16 @@ def run_scenario(verify, scenario: Scenario, *, tier: str, seed: int, alpha: flo
     target, drafter = scenario.build()
     gen = torch.Generator().manual_seed(scenario_seed(seed, scenario.name))
     try:
-        run = run_harness(verify, target, drafter, k=scenario.k, batch_size=scenario.batch_size,
-                          length=scenario.length, generator=gen, num_groups=scenario.num_groups(tier))
+        run = run_harness(
+            verify,
+            target,
+            drafter,
+            k=scenario.k,
+            batch_size=scenario.batch_size,
+            length=scenario.length,
+            generator=gen,
+            num_groups=scenario.num_groups(tier),
+        )
     except ImplementationError as exc:
         row = f" (row {exc.row})" if exc.row is not None else ""
         message = f"{scenario.name}: {exc}{'' if str(exc).startswith('row') else row}"
@@ -226,21 +254,36 @@ def _run_greedy_scenario(verify, scenario: Scenario, *, tier: str, seed: int):
             b = int(bad.nonzero()[0])
             tally["mismatched_rows"] += int(bad.sum())
             if tally["first"] is None:
-                tally["first"] = (f"call {tally['calls']}, row {b}: emitted {tokens[b, : int(num[b])].tolist()}, greedy "
-                                  f"continuation {want_tokens[b, : int(want_num[b])].tolist()}")
+                tally["first"] = (
+                    f"call {tally['calls']}, row {b}: emitted {tokens[b, : int(num[b])].tolist()}, greedy "
+                    f"continuation {want_tokens[b, : int(want_num[b])].tolist()}"
+                )
         return output
 
     try:
-        run_harness(checked, target, drafter, k=scenario.k, batch_size=scenario.batch_size, length=scenario.length,
-                    generator=gen, num_groups=scenario.num_groups(tier))
+        run_harness(
+            checked,
+            target,
+            drafter,
+            k=scenario.k,
+            batch_size=scenario.batch_size,
+            length=scenario.length,
+            generator=gen,
+            num_groups=scenario.num_groups(tier),
+        )
     except ImplementationError as exc:
         message = f"{scenario.name}: {exc}"
         return [_protocol_result(scenario.name, False, 0, message)], [message], time.perf_counter() - start
     ok = tally["mismatched_rows"] == 0
     res = TestResult(
-        statistic=float(tally["mismatched_rows"]), pvalue=1.0 if ok else 0.0, name="greedy_match", family="greedy",
+        statistic=float(tally["mismatched_rows"]),
+        pvalue=1.0 if ok else 0.0,
+        name="greedy_match",
+        family="greedy",
         method="exact equality with the greedy continuation (reference.rules.greedy_verify; argmax ties -> lowest id)",
-        n=tally["tokens"], scenario=scenario.name, position="all",
+        n=tally["tokens"],
+        scenario=scenario.name,
+        position="all",
         details={k: v for k, v in tally.items() if v is not None},
     )
     return [_protocol_result(scenario.name, True, tally["calls"]), res], [], time.perf_counter() - start
@@ -340,16 +383,28 @@ def check_verifier(
     )
 
 
-def check_greedy_verifier(verify, *, tier: str = "smoke", seed: int = 0, alpha: float = 1e-3, progress=None,
-                          implementation: str | None = None) -> Report:
+def check_greedy_verifier(
+    verify, *, tier: str = "smoke", seed: int = 0, alpha: float = 1e-3, progress=None, implementation: str | None = None
+) -> Report:
     """``check_verifier(verify, greedy=True, ...)``: exact equality with the greedy continuation."""
-    return check_verifier(verify, tier=tier, seed=seed, alpha=alpha, greedy=True, progress=progress,
-                          implementation=implementation)
+    return check_verifier(
+        verify, tier=tier, seed=seed, alpha=alpha, greedy=True, progress=progress, implementation=implementation
+    )
 
 
-def check_verifier_on(verify, target: TableModel, drafter: TableModel, *, k: int = 4, batch_size: int = 1024,
-                      length: int = 8, num_groups: int = 1, seed: int = 0, alpha: float = 1e-3,
-                      name: str = "custom") -> Report:
+def check_verifier_on(
+    verify,
+    target: TableModel,
+    drafter: TableModel,
+    *,
+    k: int = 4,
+    batch_size: int = 1024,
+    length: int = 8,
+    num_groups: int = 1,
+    seed: int = 0,
+    alpha: float = 1e-3,
+    name: str = "custom",
+) -> Report:
     """One-scenario audit of ``verify`` on user-supplied table models (same tests as :func:`check_verifier`)."""
     if not callable(verify):
         raise InvalidArgument(f"verify must be callable, got {verify!r}")
@@ -359,17 +414,35 @@ def check_verifier_on(verify, target: TableModel, drafter: TableModel, *, k: int
     gen = torch.Generator().manual_seed(scenario_seed(seed, name))
     errors: list[str] = []
     try:
-        run = run_harness(verify, target, drafter, k=k, batch_size=batch_size, length=length, generator=gen,
-                          num_groups=num_groups)
+        run = run_harness(
+            verify, target, drafter, k=k, batch_size=batch_size, length=length, generator=gen, num_groups=num_groups
+        )
         results = [_protocol_result(name, True, run.num_calls)]
         results += analyse_run(run, target, drafter, scenario=name, alpha=alpha, seed=seed)
     except ImplementationError as exc:
         errors.append(f"{name}: {exc}")
         results = [_protocol_result(name, False, 0, errors[-1])]
     graded = stats.grade(results, alpha=alpha)
-    config = {"name": name, "target": target.config(), "drafter": drafter.config(), "k": k, "batch_size": batch_size,
-              "length": length, "num_groups": num_groups}
-    return Report(kind="verifier", implementation=_implementation_name(verify), tier="custom", seed=seed, alpha=alpha,
-                  verdict=FAIL if errors else stats.verdict(graded), results=tuple(graded), errors=tuple(errors),
-                  scenarios=(config,), timings={name: time.perf_counter() - start, "total": time.perf_counter() - start},
-                  environment=environment(), extra={"mode": "sampling"})
+    config = {
+        "name": name,
+        "target": target.config(),
+        "drafter": drafter.config(),
+        "k": k,
+        "batch_size": batch_size,
+        "length": length,
+        "num_groups": num_groups,
+    }
+    return Report(
+        kind="verifier",
+        implementation=_implementation_name(verify),
+        tier="custom",
+        seed=seed,
+        alpha=alpha,
+        verdict=FAIL if errors else stats.verdict(graded),
+        results=tuple(graded),
+        errors=tuple(errors),
+        scenarios=(config,),
+        timings={name: time.perf_counter() - start, "total": time.perf_counter() - start},
+        environment=environment(),
+        extra={"mode": "sampling"},
+    )

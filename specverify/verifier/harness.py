@@ -45,7 +45,14 @@ from specverify.core.errors import ImplementationError
 from specverify.core.tables import TableModel
 from specverify.core.validation import check_generator, check_int
 
-__all__ = ["HarnessRun", "run_harness", "validate_verifier_output", "call_verifier", "acceptance_overlap", "sample_contexts"]
+__all__ = [
+    "HarnessRun",
+    "run_harness",
+    "validate_verifier_output",
+    "call_verifier",
+    "acceptance_overlap",
+    "sample_contexts",
+]
 
 #: Largest C_target * C_draft * V for which the acceptance-probability table is precomputed.
 OVERLAP_CELLS = 1 << 25
@@ -217,7 +224,9 @@ def _overlap_rows(target_table, draft_table, target_contexts, draft_contexts) ->
     step = chunk_rows(T, V, "cpu")
     for start in range(0, T, step):
         stop = min(start + step, T)
-        rows = torch.minimum(target_table[target_contexts[start:stop]], draft_table[draft_contexts[start:stop]])  # (m, V)
+        rows = torch.minimum(
+            target_table[target_contexts[start:stop]], draft_table[draft_contexts[start:stop]]
+        )  # (m, V)
         torch.sum(rows, -1, out=out[start:stop])
     return out
 
@@ -267,7 +276,9 @@ def validate_verifier_output(output, draft_tokens: torch.Tensor, vocab_size: int
         return tokens, num_emitted
     if bool(bad_n.any()):
         b = int(bad_n.nonzero()[0])
-        raise ImplementationError(f"row {b}: num_emitted = {int(num_emitted[b])} outside [1, K+1] = [1, {K + 1}]", row=b)
+        raise ImplementationError(
+            f"row {b}: num_emitted = {int(num_emitted[b])} outside [1, K+1] = [1, {K + 1}]", row=b
+        )
     if bool(bad_tok.any()):
         b, i = (int(v) for v in bad_tok.nonzero()[0])
         raise ImplementationError(

@@ -16,8 +16,8 @@ from __future__ import annotations
 import hypothesis.strategies as st
 import torch
 
-from specverify.verifier import zoo
 from specverify.core.tables import MarkovTable, PositionalCategorical, TableModel
+from specverify.verifier import zoo
 
 __all__ = ["prob_rows", "prob_vectors", "targets", "drafters_for", "table_models"]
 

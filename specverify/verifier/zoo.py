@@ -80,7 +80,9 @@ def argmax(target: TableModel, *, sigma: float = 1.0, seed: int = 0) -> TableMod
     gen = torch.Generator().manual_seed(seed)
     noise = torch.randn(target.table.shape, generator=gen, dtype=torch.float64)
     logits = torch.where(target.table > 0, target.table.log() + sigma * noise, torch.full_like(noise, -float("inf")))
-    return target.with_table(torch.nn.functional.one_hot(logits.argmax(-1), target.vocab_size).to(torch.float64), name="argmax")
+    return target.with_table(
+        torch.nn.functional.one_hot(logits.argmax(-1), target.vocab_size).to(torch.float64), name="argmax"
+    )
 
 
 def disjoint(target: TableModel) -> TableModel:

@@ -51,8 +51,9 @@ def min_successes(reps: int, power: float, meta: float = META_ALPHA) -> int:
 
 
 def binned_tv(bins, q) -> float:
-    qb = np.bincount(bins.token_to_bin[bins.token_to_bin >= 0], weights=q[bins.token_to_bin >= 0],
-                     minlength=bins.num_bins)
+    qb = np.bincount(
+        bins.token_to_bin[bins.token_to_bin >= 0], weights=q[bins.token_to_bin >= 0], minlength=bins.num_bins
+    )
     return 0.5 * float(np.abs(qb - bins.bin_probs).sum()) + 0.5 * float(q[bins.token_to_bin < 0].sum())
 
 

@@ -13,11 +13,10 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats as sps
+from svstats_helpers import META_ALPHA, NULL_SHAPES, multinomial, rate_bounds
 
 from reference.sampling import sample
 from specverify import stats
-
-from svstats_helpers import META_ALPHA, NULL_SHAPES, multinomial, rate_bounds
 
 ALPHA = 0.01
 REPS = [200, pytest.param(4000, marks=pytest.mark.slow, id="slow")]
@@ -36,7 +35,9 @@ def check_calibration(pvals, what, *, exact_uniform=True, conservative=False):
         assert rejections >= lo, f"{what}: only {rejections}/{reps} null rejections at alpha={ALPHA}, bound {lo}"
     alt = "two-sided" if exact_uniform and not conservative else "greater"
     ks = sps.kstest(pvals, "uniform", alternative=alt)
-    assert ks.pvalue > META_ALPHA, f"{what}: p-values not uniform (KS {alt} D={ks.statistic:.4f}, p={ks.pvalue:.2e}, reps={reps})"
+    assert ks.pvalue > META_ALPHA, (
+        f"{what}: p-values not uniform (KS {alt} D={ks.statistic:.4f}, p={ks.pvalue:.2e}, reps={reps})"
+    )
 
 
 @pytest.mark.parametrize("reps", REPS)
@@ -96,8 +97,9 @@ def test_directed_calibration(reps):
     for _ in range(reps):
         tokens = sample(tt, generator=gen).numpy()
         out["pit_p"].append(stats.pit_test(stats.randomised_pit(target, tokens, generator=gen)).pvalue)
-        out["pit_ratio"].append(stats.pit_test(
-            stats.randomised_pit(target, tokens, generator=gen, order="ratio", draft_probs=draft)).pvalue)
+        out["pit_ratio"].append(
+            stats.pit_test(stats.randomised_pit(target, tokens, generator=gen, order="ratio", draft_probs=draft)).pvalue
+        )
         out["entropy"].append(stats.score_test(*stats.entropy_scores(target, tokens)).pvalue)
         out["ratio"].append(stats.score_test(*stats.ratio_scores(target, draft, tokens)).pvalue)
     for name, pv in out.items():

@@ -14,13 +14,19 @@ import numpy as np
 import pytest
 import torch
 from scipy import optimize
+from svstats_helpers import (
+    DEVIATIONS,
+    binned_tv,
+    deviation_at_tv,
+    flat,
+    least_favourable,
+    min_successes,
+    multinomial,
+    temperature,
+    zipf,
+)
 
 from specverify import stats
-
-from svstats_helpers import (
-    DEVIATIONS, binned_tv, deviation_at_tv, flat, least_favourable, min_successes, mixture, multinomial,
-    temperature, zipf,
-)
 
 ALPHA = 1e-3
 REPS = [60, pytest.param(1000, marks=pytest.mark.slow, id="slow")]
@@ -45,10 +51,14 @@ def test_gof_power_least_favourable_is_tight_on_singletons(reps):
     _gof_power("flat64", "least_favourable", reps)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known limitation of the ncx2 power statement: with hundreds of tail bins, a deviation that removes small "
-    "relative mass from many low-count bins lowers the statistic's mean by ~sum_b delta_b (Pearson/CR tests are "
-    "biased), so power at mde_tv drops to ~0.7 (zipf32k, N=20000, df~900)"))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "known limitation of the ncx2 power statement: with hundreds of tail bins, a deviation that removes small "
+        "relative mass from many low-count bins lowers the statistic's mean by ~sum_b delta_b (Pearson/CR tests are "
+        "biased), so power at mde_tv drops to ~0.7 (zipf32k, N=20000, df~900)"
+    ),
+)
 def test_gof_power_least_favourable_many_tail_bins():
     _gof_power("zipf32k", "least_favourable", 100)
 
@@ -129,8 +139,11 @@ def test_score_power_at_reported_mde(score, reps):
     s_null, v = scores(rng.integers(0, V, N))
     shift = stats.score_test(s_null, v, alpha=ALPHA).details["mde_mean_shift"]
     one = np.arange(V)  # the score of each token, from single-row inputs
-    per_token = (stats.entropy_scores(p[None].repeat(V, 0), one)[0] if score == "entropy"
-                 else stats.ratio_scores(p[None].repeat(V, 0), draft[None].repeat(V, 0), one)[0])
+    per_token = (
+        stats.entropy_scores(p[None].repeat(V, 0), one)[0]
+        if score == "entropy"
+        else stats.ratio_scores(p[None].repeat(V, 0), draft[None].repeat(V, 0), one)[0]
+    )
     fam = (lambda e: temperature(p, e)) if score == "entropy" else (lambda e: (1 - e) * p + e * draft)
     eps = optimize.brentq(lambda e: abs(float(fam(e) @ per_token)) - shift, 1e-9, 0.9)
     q = fam(eps)
@@ -162,8 +175,9 @@ def test_collision_power_at_reported_mde(reps):
     s2 = float(p @ p)
     eps = optimize.brentq(lambda e: float(temperature(p, e) @ temperature(p, e)) / s2 - 1 - excess, 0, 0.9)
     q = temperature(p, eps)
-    rejected = sum(stats.collision_test(rng.choice(64, size=shape, p=q), p, alpha=ALPHA).pvalue <= ALPHA
-                   for _ in range(reps))
+    rejected = sum(
+        stats.collision_test(rng.choice(64, size=shape, p=q), p, alpha=ALPHA).pvalue <= ALPHA for _ in range(reps)
+    )
     # the alternative's collision variance exceeds the null's, so the power is a little under 0.9
     _assert_power(rejected, reps, f"collisions relative excess {excess:.3f}")
 

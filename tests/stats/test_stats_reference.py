@@ -12,7 +12,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats as sps
 from scipy.special import gammaln
 
@@ -110,7 +111,8 @@ def test_gof_matches_scipy_on_bins():
 
 def test_gof_renormalises_unnormalised_weights_and_ignores_zero_tokens():
     rng = np.random.default_rng(2)
-    p = rng.dirichlet(np.ones(50)); p[:5] = 0
+    p = rng.dirichlet(np.ones(50))
+    p[:5] = 0
     counts = rng.multinomial(2000, p / p.sum())
     a = stats.gof_test(counts, p)
     b = stats.gof_test(counts, 37.5 * p)  # e.g. a sum of conditionals
@@ -123,8 +125,10 @@ def test_gof_renormalises_unnormalised_weights_and_ignores_zero_tokens():
 
 
 def test_gof_single_bin_one_hot():
-    p = np.zeros(10); p[4] = 1
-    counts = np.zeros(10, int); counts[4] = 500
+    p = np.zeros(10)
+    p[4] = 1
+    counts = np.zeros(10, int)
+    counts[4] = 500
     r = stats.gof_test(counts, p)
     assert (r.statistic, r.pvalue, r.bins) == (0.0, 1.0, 1)
     assert "single bin" in r.method and "no power" in r.method and r.mde_tv == math.inf
@@ -133,7 +137,9 @@ def test_gof_single_bin_one_hot():
 
 def test_gof_detects_gross_deviation_with_worst_bins():
     p = np.full(20, 0.05)
-    counts = np.full(20, 100); counts[3] = 300; counts[5] = 0
+    counts = np.full(20, 100)
+    counts[3] = 300
+    counts[5] = 0
     r = stats.gof_test(counts, p)
     assert r.pvalue < 1e-30
     assert {w["bin"] for w in r.details["worst_bins"][:2]} == {3, 5}
@@ -269,7 +275,9 @@ def test_eprocess_closed_form_equals_sequential_predictive_product():
         counts[x] += 1
     assert e.log_e == pytest.approx(logE)
     assert e.log_e_per_c()[0] == pytest.approx(
-        gammaln(c) - gammaln(c + 8) + sum(gammaln(c * p[i] + counts[i]) - gammaln(c * p[i]) for i in range(3))
+        gammaln(c)
+        - gammaln(c + 8)
+        + sum(gammaln(c * p[i] + counts[i]) - gammaln(c * p[i]) for i in range(3))
         - sum(counts[i] * math.log(p[i]) for i in range(3))
     )
     e.update([0, 0, 0, 1])
@@ -278,7 +286,9 @@ def test_eprocess_closed_form_equals_sequential_predictive_product():
 
 def test_sequential_gof_stops_and_reports():
     p = np.full(10, 0.1)
-    q = p.copy(); q[0] += 0.2; q[1:] -= 0.2 / 9
+    q = p.copy()
+    q[0] += 0.2
+    q[1:] -= 0.2 / 9
     rng = np.random.default_rng(5)
     pulled = []
 

@@ -35,26 +35,45 @@ def _detectable(report) -> str:
 def _jobs(seed: int, tier: str):
     """(directory name, description, thunk returning a Report) for every example."""
     from reference.rules import verify
-    from specverify.verifier.battery import check_verifier
-    from specverify.decoder import check_decoder
     from specverify.cli.examples import factories
+    from specverify.decoder import check_decoder
     from specverify.mutants import by_name
+    from specverify.verifier.battery import check_verifier
 
     mutant = by_name("residual_is_p")
-    yield ("reference-verifier", "canonical rule `reference.rules:verify`",
-           lambda: check_verifier(verify, tier=tier, seed=seed, implementation="reference.rules:verify"))
-    yield ("mutant-residual-is-p", f"mutant `residual_is_p` ({mutant.provenance})",
-           lambda: check_verifier(mutant.fn, tier=tier, seed=seed, implementation="specverify.mutants:residual_is_p"))
+    yield (
+        "reference-verifier",
+        "canonical rule `reference.rules:verify`",
+        lambda: check_verifier(verify, tier=tier, seed=seed, implementation="reference.rules:verify"),
+    )
+    yield (
+        "mutant-residual-is-p",
+        f"mutant `residual_is_p` ({mutant.provenance})",
+        lambda: check_verifier(mutant.fn, tier=tier, seed=seed, implementation="specverify.mutants:residual_is_p"),
+    )
     options = dict(temperature=0.8, top_k=20)
-    yield ("reference-decoder", "reference speculative decoder, T=0.8, top-k 20, K=4",
-           lambda: check_decoder(factories.reference_decoder(**options), factories.reference_target(**options),
-                                 tier=tier, seed=seed))
+    yield (
+        "reference-decoder",
+        "reference speculative decoder, T=0.8, top-k 20, K=4",
+        lambda: check_decoder(
+            factories.reference_decoder(**options), factories.reference_target(**options), tier=tier, seed=seed
+        ),
+    )
     from specverify.drafter import audit_drafter
 
     for name in ("oracle", "noisy", "adversary"):
-        yield (f"drafter-{name}", f"zoo drafter `{name}` on a Markov table target (V=16)",
-               lambda name=name: audit_drafter(factories.zoo_drafter(name=name), factories.table_target(),
-                                               tier=tier, seed=seed, draft_cost=0.05, model_params=8e9))
+        yield (
+            f"drafter-{name}",
+            f"zoo drafter `{name}` on a Markov table target (V=16)",
+            lambda name=name: audit_drafter(
+                factories.zoo_drafter(name=name),
+                factories.table_target(),
+                tier=tier,
+                seed=seed,
+                draft_cost=0.05,
+                model_params=8e9,
+            ),
+        )
 
 
 def write_index(out_dir: Path, rows: list[tuple[str, str, object, float]], *, command: str) -> Path:
@@ -70,18 +89,25 @@ def write_index(out_dir: Path, rows: list[tuple[str, str, object, float]], *, co
         "|---|---|---|---|---|---|",
     ]
     for name, what, report, seconds in rows:
-        lines.append(f"| [{name}]({name}/report.md) | {what} | **{report.verdict}** | {len(report.results)} | "
-                     f"{_detectable(report)} | {seconds:.1f} s |")
-    lines += ["", "Each directory holds `report.json` (the versioned schema), `report.md` and a self-contained "
-              "`report.html`. The mutation matrix is `mutation-matrix.md` (`specverify selftest --tier smoke "
-              "--matrix reports/mutation-matrix.md`); the Hugging Face audit is in `hf-transformers/`.", ""]
+        lines.append(
+            f"| [{name}]({name}/report.md) | {what} | **{report.verdict}** | {len(report.results)} | "
+            f"{_detectable(report)} | {seconds:.1f} s |"
+        )
+    lines += [
+        "",
+        "Each directory holds `report.json` (the versioned schema), `report.md` and a self-contained "
+        "`report.html`. The mutation matrix is `mutation-matrix.md` (`specverify selftest --tier smoke "
+        "--matrix reports/mutation-matrix.md`); the Hugging Face audit is in `hf-transformers/`.",
+        "",
+    ]
     path = out_dir / "README.md"
     atomic_write_text(path, "\n".join(lines))
     return path
 
 
-def generate_basic_reports(out_dir="reports", *, seed: int = 0, tier: str = "smoke", plots: bool = True,
-                           only=None, progress=print) -> list:
+def generate_basic_reports(
+    out_dir="reports", *, seed: int = 0, tier: str = "smoke", plots: bool = True, only=None, progress=print
+) -> list:
     """Run every example audit, write its report under ``out_dir/<name>/`` and the index; return the rows."""
     from specverify.report import write_report
 

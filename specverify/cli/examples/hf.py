@@ -46,14 +46,21 @@ import torch
 
 from specverify.adapters.hf import TRANSFORMERS_VERSION, HFAssistedDecoder, speculative_sampling_verifier
 from specverify.adapters.hf_models import tiny_llama_pair
-from specverify.verifier.battery import check_verifier
-from specverify.decoder import check_decoder
 from specverify.core.errors import InvalidArgument
+from specverify.decoder import check_decoder
 from specverify.report import write_report
 from specverify.report.io import atomic_write_text
+from specverify.verifier.battery import check_verifier
 
-__all__ = ["DecoderConfig", "CONFIGS", "SIZES", "HFGreedyAssistedDecoder", "tiny_greedy_assisted_decoder",
-           "generate_hf_reports", "main"]
+__all__ = [
+    "DecoderConfig",
+    "CONFIGS",
+    "SIZES",
+    "HFGreedyAssistedDecoder",
+    "tiny_greedy_assisted_decoder",
+    "generate_hf_reports",
+    "main",
+]
 
 #: Seed of the tiny models' weights (fixed; the run seed drives sampling only).
 MODEL_SEED = 0
@@ -62,8 +69,10 @@ DEFAULT_OUT = "reports/hf-transformers"
 KERNEL_NAME = "kernel_speculative_sampling"
 #: Samples per prompt and new tokens per sample of the decoder checks (2 prompts each).
 #: 6 new tokens: the first round of every K <= 5 covers all in-block positions and the bonus.
-SIZES = {"full": {"num_samples": 800, "max_new_tokens": 6, "control_samples": 300},
-         "quick": {"num_samples": 120, "max_new_tokens": 3, "control_samples": 120}}
+SIZES = {
+    "full": {"num_samples": 800, "max_new_tokens": 6, "control_samples": 300},
+    "quick": {"num_samples": 120, "max_new_tokens": 3, "control_samples": 120},
+}
 #: Sample multiplier of the decoder checks per tier (smoke sizes are :data:`SIZES`).
 TIER_FACTOR = {"smoke": 1, "standard": 10, "deep": 100}
 #: Verifier scenarios run in quick mode (the full run uses the whole battery).
@@ -91,9 +100,11 @@ class DecoderConfig:
         if self.temperature is None:
             parts = ["do_sample=False (greedy)"]
         else:
-            parts = [f"do_sample=True, temperature={self.temperature:g}",
-                     f"top_k={self.top_k}" if self.top_k else "top_k off",
-                     f"top_p={self.top_p:g}" if self.top_p < 1 else "top_p off"]
+            parts = [
+                f"do_sample=True, temperature={self.temperature:g}",
+                f"top_k={self.top_k}" if self.top_k else "top_k off",
+                f"top_p={self.top_p:g}" if self.top_p < 1 else "top_p off",
+            ]
         if self.assistant_ensemble_weight is not None:
             parts.append(f"assistant_ensemble_weight={self.assistant_ensemble_weight:g}")
         return ", ".join(parts) + f", K={self.k}"
@@ -103,11 +114,22 @@ CONFIGS = (
     DecoderConfig("sample_t1.0_k4", k=4, description="plain sampling, the baseline"),
     DecoderConfig("sample_t0.7_topk8_k2", k=2, temperature=0.7, top_k=8, description="sharpened + top-k truncation"),
     DecoderConfig("sample_t1.0_topp0.9_k1", k=1, top_p=0.9, description="nucleus truncation, one draft per round"),
-    DecoderConfig("sample_t1.3_topk12_topp0.95_k5", k=5, temperature=1.3, top_k=12, top_p=0.95,
-                  description="flattened, both truncations, longest block"),
+    DecoderConfig(
+        "sample_t1.3_topk12_topp0.95_k5",
+        k=5,
+        temperature=1.3,
+        top_k=12,
+        top_p=0.95,
+        description="flattened, both truncations, longest block",
+    ),
     DecoderConfig("greedy_k3", k=3, temperature=None, description="greedy assisted decoding (temperature 0)"),
-    DecoderConfig("control_ensemble_w0.5_k4", k=4, assistant_ensemble_weight=0.5, expect="fail",
-                  description="negative control: HF's lossy ensemble verification; the suite must fail it"),
+    DecoderConfig(
+        "control_ensemble_w0.5_k4",
+        k=4,
+        assistant_ensemble_weight=0.5,
+        expect="fail",
+        description="negative control: HF's lossy ensemble verification; the suite must fail it",
+    ),
 )
 QUICK_CONFIGS = ("sample_t0.7_topk8_k2", "greedy_k3")
 
@@ -132,8 +154,9 @@ class HFGreedyAssistedDecoder(HFAssistedDecoder):
 HFGreedyAssistedDecoder.__module__ = "specverify.cli.examples.hf"  # also under ``python -m`` (reports name it)
 
 
-def tiny_greedy_assisted_decoder(*, k: int = 4, vocab_size: int = VOCAB_SIZE, seed: int = MODEL_SEED,
-                                 num_threads: int | None = 1) -> HFGreedyAssistedDecoder:
+def tiny_greedy_assisted_decoder(
+    *, k: int = 4, vocab_size: int = VOCAB_SIZE, seed: int = MODEL_SEED, num_threads: int | None = 1
+) -> HFGreedyAssistedDecoder:
     """CLI factory: greedy assisted decoding on the tiny pair (pair it with ``specverify.adapters.hf:tiny_target``
     of the same ``seed`` and ``--greedy``)."""
     model, assistant = tiny_llama_pair(vocab_size=vocab_size, seed=seed)
@@ -146,9 +169,16 @@ def build_decoder(config: DecoderConfig):
     if config.temperature is None:
         decoder = HFGreedyAssistedDecoder(model, assistant, k=config.k, num_threads=1)
     else:
-        decoder = HFAssistedDecoder(model, assistant, k=config.k, temperature=config.temperature, top_k=config.top_k,
-                                    top_p=config.top_p, assistant_ensemble_weight=config.assistant_ensemble_weight,
-                                    num_threads=1)
+        decoder = HFAssistedDecoder(
+            model,
+            assistant,
+            k=config.k,
+            temperature=config.temperature,
+            top_k=config.top_k,
+            top_p=config.top_p,
+            assistant_ensemble_weight=config.assistant_ensemble_weight,
+            num_threads=1,
+        )
     return decoder, decoder.target()
 
 
@@ -159,27 +189,60 @@ def _gof_stats(report) -> dict:
     """N range and detectable-TV summary of the binned GOF tests that have power (at least two bins)."""
     gof = [r for r in report.results if r.family == "gof" and r.mde_tv is not None]
     finite = [r for r in gof if math.isfinite(float(r.mde_tv))]
-    stats = {"n_min": None, "n_max": None, "tv_min": None, "tv_median": None, "tv_max": None, "tv_first": None,
-             "powerless": len(gof) - len(finite)}
+    stats = {
+        "n_min": None,
+        "n_max": None,
+        "tv_min": None,
+        "tv_median": None,
+        "tv_max": None,
+        "tv_first": None,
+        "powerless": len(gof) - len(finite),
+    }
     if finite:
         tvs = sorted(float(r.mde_tv) for r in finite)
         first = [float(r.mde_tv) for r in finite if r.position == "abs=1"] if report.kind == "decoder" else []
-        stats.update(n_min=min(r.n for r in finite), n_max=max(r.n for r in finite), tv_min=tvs[0],
-                     tv_median=tvs[len(tvs) // 2], tv_max=tvs[-1], tv_first=max(first) if first else None)
+        stats.update(
+            n_min=min(r.n for r in finite),
+            n_max=max(r.n for r in finite),
+            tv_min=tvs[0],
+            tv_median=tvs[len(tvs) // 2],
+            tv_max=tvs[-1],
+            tv_first=max(first) if first else None,
+        )
     return stats
 
 
 def _summarise(name: str, report, *, what: str, expect: str, sizes: str) -> dict:
-    flagged = [r.summary() for r in sorted(report.results, key=lambda r: (r.adjusted_pvalue if r.adjusted_pvalue
-               is not None else r.pvalue)) if r.grade in ("fail", "suspicious")]
+    flagged = [
+        r.summary()
+        for r in sorted(report.results, key=lambda r: r.adjusted_pvalue if r.adjusted_pvalue is not None else r.pvalue)
+        if r.grade in ("fail", "suspicious")
+    ]
     decoder = report.extra.get("decoder") or {}
-    rates = [report.scenarios[i]["n"] / s["generate_seconds"] for i, s in enumerate(decoder.values())
-             if isinstance(s, dict) and s.get("generate_seconds")] if decoder else []
-    return {"name": name, "kind": report.kind, "what": what, "expect": expect, "verdict": report.verdict,
-            "tests": len(report.results), "errors": list(report.errors), "flagged": flagged, "sizes": sizes,
-            "greedy_n": next((r.n for r in report.results if r.family == "greedy"), None),
-            "seconds": float(report.timings.get("total", 0.0)), "samples_per_second": min(rates) if rates else None,
-            **_gof_stats(report)}
+    rates = (
+        [
+            report.scenarios[i]["n"] / s["generate_seconds"]
+            for i, s in enumerate(decoder.values())
+            if isinstance(s, dict) and s.get("generate_seconds")
+        ]
+        if decoder
+        else []
+    )
+    return {
+        "name": name,
+        "kind": report.kind,
+        "what": what,
+        "expect": expect,
+        "verdict": report.verdict,
+        "tests": len(report.results),
+        "errors": list(report.errors),
+        "flagged": flagged,
+        "sizes": sizes,
+        "greedy_n": next((r.n for r in report.results if r.family == "greedy"), None),
+        "seconds": float(report.timings.get("total", 0.0)),
+        "samples_per_second": min(rates) if rates else None,
+        **_gof_stats(report),
+    }
 
 
 def _fmt_range(lo, hi, fmt="{:.3g}") -> str:
@@ -202,55 +265,70 @@ def _found(rows: list[dict]) -> list[str]:
             power.append(f"median detectable binned TV {kernel[0]:.3g} in the kernel battery")
         if first:
             nodes = max(r["tv_max"] for r in passed if r["tv_first"] is not None)
-            power.append(f"{_fmt_range(min(first), max(first))} at position 1 (up to {nodes:.3g} for later positions "
-                         "and prefix nodes) in the sampling decoder runs")
-        lines.append(f"- No deviation from the target's law in {len(passed)} of {len(lossless)} lossless runs "
-                     f"({', '.join(r['name'] for r in passed)}): no test failed at the run's family-wise alpha. "
-                     + (f"Power (0.9): {'; '.join(power)}; smaller deviations were not ruled out." if power else ""))
+            power.append(
+                f"{_fmt_range(min(first), max(first))} at position 1 (up to {nodes:.3g} for later positions "
+                "and prefix nodes) in the sampling decoder runs"
+            )
+        lines.append(
+            f"- No deviation from the target's law in {len(passed)} of {len(lossless)} lossless runs "
+            f"({', '.join(r['name'] for r in passed)}): no test failed at the run's family-wise alpha. "
+            + (f"Power (0.9): {'; '.join(power)}; smaller deviations were not ruled out." if power else "")
+        )
     for r in lossless:
         if r["verdict"] == "suspicious":
             lines.append(f"- `{r['name']}` is SUSPICIOUS (warns, passes the gate): " + "; ".join(r["flagged"][:3]))
     for r in controls:
         if r["verdict"] == "fail":
-            lines.append(f"- The negative control `{r['name']}` FAILED, as it must (lossy by design), at "
-                         f"{r['sizes']}: the sample sizes have power against a real lossy rule. Strongest evidence: "
-                         + "; ".join(r["flagged"][:2]))
+            lines.append(
+                f"- The negative control `{r['name']}` FAILED, as it must (lossy by design), at "
+                f"{r['sizes']}: the sample sizes have power against a real lossy rule. Strongest evidence: "
+                + "; ".join(r["flagged"][:2])
+            )
         else:
-            lines.append(f"- The negative control `{r['name']}` was NOT caught ({r['verdict']}) at {r['sizes']}: "
-                         "these sample sizes lack power against it.")
+            lines.append(
+                f"- The negative control `{r['name']}` was NOT caught ({r['verdict']}) at {r['sizes']}: "
+                "these sample sizes lack power against it."
+            )
     for r in unexpected:
         if r["expect"] == "pass":
-            lines.append(f"- `{r['name']}` FAILED: " + "; ".join((r["errors"] + r["flagged"])[:5])
-                         + f" (details: `{r['name']}/report.md`).")
+            lines.append(
+                f"- `{r['name']}` FAILED: "
+                + "; ".join((r["errors"] + r["flagged"])[:5])
+                + f" (details: `{r['name']}/report.md`)."
+            )
     return lines
 
 
 # ---------------------------------------------------------------------------- reproducers
 
 FINDINGS = (
-    ("repro_zero_uniform_support.py",
-     "Zero uniform accepts a forbidden draft (support violation, ~2**-24 per draft with p(x) = 0)",
-     "`_speculative_sampling` accepts draft token x iff `r <= p(x)/q(x)` with `r = torch.rand_like(...)` in "
-     "float32. For a draft the target forbids (p(x) = 0 < q(x), e.g. a token outside the target's top-k / top-p "
-     "set that the assistant proposes) the ratio is 0 and the draft is accepted iff r == 0 exactly. A float32 "
-     "`torch.rand` on CPU is a multiple of 2**-24 in [0, 1), so this happens with probability 2**-24 ~ 5.96e-8 "
-     "per such draft: an emitted token with target probability 0 at a rate of 2**-24 times the assistant's mass "
-     "outside the target's support, per drafted position (e.g. one per ~1.7e8 drafted positions when that mass is "
-     "0.1). The canonical rule `u * q(x) < p(x)` (strict) never does. Far too rare for a statistical battery to "
-     "observe; found by reading the code and demonstrated "
-     "deterministically by forcing r = 0:"),
-    ("repro_zero_residual_nan.py",
-     "All-zero float32 residual on rejection: 0/0 = NaN and `torch.multinomial` raises",
-     "On rejection the kernel divides `clamp(p - q, min=0)` by its sum without a zero check (the ensemble "
-     "path has one, the lossless path does not). In exact arithmetic a rejection needs p(x) < q(x), which forces "
-     "p(y) > q(y) for some y, so the residual has positive mass; in float32 the residual is all zero whenever "
-     "p <= q elementwise at the rejected position. Two ways this happens: (A) both laws so peaked that p(a) and "
-     "q(a) round to exactly 1.0 while q keeps a tiny tail, and the assistant drafts a tail token x with "
-     "p(x) < q(x) (probability ~q(x) per position, then rejected with probability 1 - p(x)/q(x)); the exact "
-     "answer is token a, the kernel raises `RuntimeError` and `generate` crashes; (B) p and q equal up to float32 "
-     "rounding (e.g. the same logits up to an additive constant, as in the demonstration). p(x) = q(x) = 0 alone "
-     "cannot trigger it in `generate` (the draft is sampled from q, so q(x) > 0). Probabilities are ~1e-9 per "
-     "verification, so not observable statistically; demonstrated deterministically:"),
+    (
+        "repro_zero_uniform_support.py",
+        "Zero uniform accepts a forbidden draft (support violation, ~2**-24 per draft with p(x) = 0)",
+        "`_speculative_sampling` accepts draft token x iff `r <= p(x)/q(x)` with `r = torch.rand_like(...)` in "
+        "float32. For a draft the target forbids (p(x) = 0 < q(x), e.g. a token outside the target's top-k / top-p "
+        "set that the assistant proposes) the ratio is 0 and the draft is accepted iff r == 0 exactly. A float32 "
+        "`torch.rand` on CPU is a multiple of 2**-24 in [0, 1), so this happens with probability 2**-24 ~ 5.96e-8 "
+        "per such draft: an emitted token with target probability 0 at a rate of 2**-24 times the assistant's mass "
+        "outside the target's support, per drafted position (e.g. one per ~1.7e8 drafted positions when that mass is "
+        "0.1). The canonical rule `u * q(x) < p(x)` (strict) never does. Far too rare for a statistical battery to "
+        "observe; found by reading the code and demonstrated "
+        "deterministically by forcing r = 0:",
+    ),
+    (
+        "repro_zero_residual_nan.py",
+        "All-zero float32 residual on rejection: 0/0 = NaN and `torch.multinomial` raises",
+        "On rejection the kernel divides `clamp(p - q, min=0)` by its sum without a zero check (the ensemble "
+        "path has one, the lossless path does not). In exact arithmetic a rejection needs p(x) < q(x), which forces "
+        "p(y) > q(y) for some y, so the residual has positive mass; in float32 the residual is all zero whenever "
+        "p <= q elementwise at the rejected position. Two ways this happens: (A) both laws so peaked that p(a) and "
+        "q(a) round to exactly 1.0 while q keeps a tiny tail, and the assistant drafts a tail token x with "
+        "p(x) < q(x) (probability ~q(x) per position, then rejected with probability 1 - p(x)/q(x)); the exact "
+        "answer is token a, the kernel raises `RuntimeError` and `generate` crashes; (B) p and q equal up to float32 "
+        "rounding (e.g. the same logits up to an additive constant, as in the demonstration). p(x) = q(x) = 0 alone "
+        "cannot trigger it in `generate` (the draft is sampled from q, so q(x) > 0). Probabilities are ~1e-9 per "
+        "verification, so not observable statistically; demonstrated deterministically:",
+    ),
 )
 
 REPRO_SCRIPTS = {
@@ -377,8 +455,18 @@ def run_repro(path: Path) -> str:
 # ---------------------------------------------------------------------------- README
 
 
-def render_readme(rows: list[dict], *, command: str, seed: int, tier: str, alpha: float, quick: bool,
-                  sizes: dict, total_seconds: float, repro_outputs: dict[str, str]) -> str:
+def render_readme(
+    rows: list[dict],
+    *,
+    command: str,
+    seed: int,
+    tier: str,
+    alpha: float,
+    quick: bool,
+    sizes: dict,
+    total_seconds: float,
+    repro_outputs: dict[str, str],
+) -> str:
     """The generated README of the audit (deterministic apart from the measured runtimes)."""
     out = [
         "# Hugging Face transformers: assisted generation with sampling -- specverify audit",
@@ -428,21 +516,47 @@ def render_readme(rows: list[dict], *, command: str, seed: int, tier: str, alpha
         if r["greedy_n"] is not None:
             n = f"{r['greedy_n']} tokens per prompt (exact)"
         rate = f"{r['samples_per_second']:.0f}" if r["samples_per_second"] else "-"
-        out.append(f"| [`{r['name']}`]({r['name']}/report.md) | {r['what']} | {r['expect']} | "
-                   f"**{r['verdict'].upper()}** | {n} | {tv} | {r['tests']} | {rate} | {r['seconds']:.0f} s |")
-    out += ["", "N per test: samples in each binned goodness-of-fit test (per position and per context node; the "
-            "directed tests use every emitted token). Min detectable TV: the binned total variation a GOF test "
-            "detects with power 0.9 at its level (`sqrt(lambda*/(4N))`); smaller deviations were not ruled out. "
-            "Single-bin tests (a one-hot law) have no GOF power; the exact support test covers them. "
-            "Greedy runs are exact equality checks (no TV).", "", "## What the suite found", ""]
+        out.append(
+            f"| [`{r['name']}`]({r['name']}/report.md) | {r['what']} | {r['expect']} | "
+            f"**{r['verdict'].upper()}** | {n} | {tv} | {r['tests']} | {rate} | {r['seconds']:.0f} s |"
+        )
+    out += [
+        "",
+        "N per test: samples in each binned goodness-of-fit test (per position and per context node; the "
+        "directed tests use every emitted token). Min detectable TV: the binned total variation a GOF test "
+        "detects with power 0.9 at its level (`sqrt(lambda*/(4N))`); smaller deviations were not ruled out. "
+        "Single-bin tests (a one-hot law) have no GOF power; the exact support test covers them. "
+        "Greedy runs are exact equality checks (no TV).",
+        "",
+        "## What the suite found",
+        "",
+    ]
     out += _found(rows)
     out += ["", "## Findings from reading the code (not observable at these sample sizes)", ""]
     for i, (script, title, text) in enumerate(FINDINGS, 1):
-        out += [f"### {i}. {title}", "", text, "", f"`python {script}` ([{script}]({script})) printed:", "", "```",
-                repro_outputs.get(script, "(not run)").rstrip(), "```", ""]
-    out += ["## Reproduce", "", "```", command, "```", "",
-            "Each report directory holds `report.json` (the record), `report.md` and `report.html`. The same seed "
-            "gives the same verdicts and statistics; only the runtimes change.", ""]
+        out += [
+            f"### {i}. {title}",
+            "",
+            text,
+            "",
+            f"`python {script}` ([{script}]({script})) printed:",
+            "",
+            "```",
+            repro_outputs.get(script, "(not run)").rstrip(),
+            "```",
+            "",
+        ]
+    out += [
+        "## Reproduce",
+        "",
+        "```",
+        command,
+        "```",
+        "",
+        "Each report directory holds `report.json` (the record), `report.md` and `report.html`. The same seed "
+        "gives the same verdicts and statistics; only the runtimes change.",
+        "",
+    ]
     return "\n".join(out)
 
 
@@ -458,8 +572,17 @@ def _command(out_dir, seed: int, tier: str, quick: bool, configs) -> str:
     return cmd
 
 
-def generate_hf_reports(out_dir=DEFAULT_OUT, *, seed: int = 0, tier: str = "smoke", quick: bool = False,
-                        plots: bool = True, configs=None, alpha: float = 1e-3, progress=None) -> list:
+def generate_hf_reports(
+    out_dir=DEFAULT_OUT,
+    *,
+    seed: int = 0,
+    tier: str = "smoke",
+    quick: bool = False,
+    plots: bool = True,
+    configs=None,
+    alpha: float = 1e-3,
+    progress=None,
+) -> list:
     """Run the HF audit and write its reports and README; return ``[(name, Report), ...]``.
 
     Parameters
@@ -502,8 +625,11 @@ def generate_hf_reports(out_dir=DEFAULT_OUT, *, seed: int = 0, tier: str = "smok
 
     def finish(name, report, *, what, expect, size_text, extra):
         report = dataclasses.replace(
-            report, command=command, environment={**report.environment, "transformers": TRANSFORMERS_VERSION},
-            extra={**report.extra, "hf_audit": {"config": name, **extra, "sizes": size_text}})
+            report,
+            command=command,
+            environment={**report.environment, "transformers": TRANSFORMERS_VERSION},
+            extra={**report.extra, "hf_audit": {"config": name, **extra, "sizes": size_text}},
+        )
         write_report(report, out_dir / name, plots=plots)
         reports.append((name, report))
         rows.append(_summarise(name, report, what=what, expect=expect, sizes=size_text))
@@ -511,26 +637,55 @@ def generate_hf_reports(out_dir=DEFAULT_OUT, *, seed: int = 0, tier: str = "smok
 
     if KERNEL_NAME in wanted:
         say(f"{KERNEL_NAME}: check_verifier tier={tier}")
-        report = check_verifier(speculative_sampling_verifier, tier=tier, seed=seed, alpha=alpha,
-                                scenarios=QUICK_SCENARIOS if quick else None,
-                                implementation=f"transformers {TRANSFORMERS_VERSION} "
-                                               "generation.utils._speculative_sampling (float32 logits)")
-        finish(KERNEL_NAME, report, what="`_speculative_sampling` kernel, verifier battery", expect="pass",
-               size_text=f"check_verifier tier {tier}", extra={"kernel": "_speculative_sampling", "dtype": "float32"})
+        report = check_verifier(
+            speculative_sampling_verifier,
+            tier=tier,
+            seed=seed,
+            alpha=alpha,
+            scenarios=QUICK_SCENARIOS if quick else None,
+            implementation=f"transformers {TRANSFORMERS_VERSION} "
+            "generation.utils._speculative_sampling (float32 logits)",
+        )
+        finish(
+            KERNEL_NAME,
+            report,
+            what="`_speculative_sampling` kernel, verifier battery",
+            expect="pass",
+            size_text=f"check_verifier tier {tier}",
+            extra={"kernel": "_speculative_sampling", "dtype": "float32"},
+        )
     for config in CONFIGS:
         if config.name not in wanted:
             continue
         decoder, target = build_decoder(config)
         greedy = config.temperature is None
         n = sizes["control_samples"] if config.expect == "fail" else sizes["num_samples"]
-        say(f"{config.name}: check_decoder ({config.options()}; N={'32 (greedy plan)' if greedy else n}, "
-            f"L={sizes['max_new_tokens']})")
-        report = check_decoder(decoder, target, tier=tier, seed=seed, alpha=alpha, greedy=True if greedy else None,
-                               num_samples=n, max_new_tokens=sizes["max_new_tokens"])
-        size_text = (f"{report.scenarios[0]['n'] if report.scenarios else n} samples x "
-                     f"{sizes['max_new_tokens']} new tokens per prompt, {len(report.scenarios)} prompts")
-        finish(config.name, report, what=config.options(), expect=config.expect, size_text=size_text,
-               extra={**dataclasses.asdict(config), "model_seed": MODEL_SEED, "vocab_size": VOCAB_SIZE})
+        say(
+            f"{config.name}: check_decoder ({config.options()}; N={'32 (greedy plan)' if greedy else n}, "
+            f"L={sizes['max_new_tokens']})"
+        )
+        report = check_decoder(
+            decoder,
+            target,
+            tier=tier,
+            seed=seed,
+            alpha=alpha,
+            greedy=True if greedy else None,
+            num_samples=n,
+            max_new_tokens=sizes["max_new_tokens"],
+        )
+        size_text = (
+            f"{report.scenarios[0]['n'] if report.scenarios else n} samples x "
+            f"{sizes['max_new_tokens']} new tokens per prompt, {len(report.scenarios)} prompts"
+        )
+        finish(
+            config.name,
+            report,
+            what=config.options(),
+            expect=config.expect,
+            size_text=size_text,
+            extra={**dataclasses.asdict(config), "model_seed": MODEL_SEED, "vocab_size": VOCAB_SIZE},
+        )
 
     repro_outputs = {}
     for script, source in REPRO_SCRIPTS.items():
@@ -538,8 +693,17 @@ def generate_hf_reports(out_dir=DEFAULT_OUT, *, seed: int = 0, tier: str = "smok
         atomic_write_text(path, source)
         say(f"{script}: running")
         repro_outputs[script] = run_repro(path)
-    readme = render_readme(rows, command=command, seed=seed, tier=tier, alpha=alpha, quick=quick, sizes=sizes,
-                           total_seconds=time.perf_counter() - started, repro_outputs=repro_outputs)
+    readme = render_readme(
+        rows,
+        command=command,
+        seed=seed,
+        tier=tier,
+        alpha=alpha,
+        quick=quick,
+        sizes=sizes,
+        total_seconds=time.perf_counter() - started,
+        repro_outputs=repro_outputs,
+    )
     atomic_write_text(out_dir / "README.md", readme)
     return reports
 
@@ -560,8 +724,15 @@ def main(argv=None) -> int:
         print(f"[{time.perf_counter() - start:6.1f}s] {message}", file=sys.stderr, flush=True)
 
     try:
-        reports = generate_hf_reports(args.out, seed=args.seed, tier=args.tier, quick=args.quick,
-                                      plots=not args.no_plots, configs=args.config, progress=say)
+        reports = generate_hf_reports(
+            args.out,
+            seed=args.seed,
+            tier=args.tier,
+            quick=args.quick,
+            plots=not args.no_plots,
+            configs=args.config,
+            progress=say,
+        )
     except InvalidArgument as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -571,8 +742,10 @@ def main(argv=None) -> int:
         want = expected.get(name, "pass")
         ok = (report.verdict == "fail") == (want == "fail")
         unexpected += not ok
-        print(f"{name:34s} {report.verdict.upper():10s} expected {want:5s} {report.timings.get('total', 0.0):6.1f} s"
-              f"{'' if ok else '  UNEXPECTED'}")
+        print(
+            f"{name:34s} {report.verdict.upper():10s} expected {want:5s} {report.timings.get('total', 0.0):6.1f} s"
+            f"{'' if ok else '  UNEXPECTED'}"
+        )
     print(f"wrote {Path(args.out) / 'README.md'} in {time.perf_counter() - start:.0f} s")
     return 1 if unexpected else 0
 
