@@ -246,6 +246,7 @@ class SpeculativeDecoder:
         if isinstance(self.drafter, NGramDrafter):
             return self.drafter.propose(seq, seq_len, self.k)  # (B, K), (B, K, V) one-hot
         cache = state.draft_cache
+        assert cache is not None  # a model drafter always has a cache
         rows = torch.arange(seq.shape[0], device=seq.device)  # (B,)
         # Catch up: feed the committed tokens the drafter's cache lacks (ragged, >= 1 per row).
         start = torch.minimum(cache.lengths, seq_len - 1)  # (B,)
@@ -316,10 +317,12 @@ class SpeculativeDecoder:
 
     def _rollback_target(self, state: _State) -> None:
         cache = state.target_cache
+        assert cache is not None  # rollback runs only for a decoder with a target cache
         cache.truncate(torch.minimum(cache.lengths, state.seq_len - 1))
 
     def _rollback_drafter(self, state: _State) -> None:
         cache = state.draft_cache
+        assert cache is not None  # rollback runs only for a decoder with a draft cache
         cache.truncate(torch.minimum(cache.lengths, state.seq_len - 1))
 
     # ---- 6. bookkeeping

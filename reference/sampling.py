@@ -106,7 +106,7 @@ def sample(probs: torch.Tensor, *, generator: torch.Generator, check: bool = Tru
         idx, totals = inverse_cdf(flat, u)  # (N,), (N, 1)
     else:
         idx = torch.empty(N, dtype=torch.long, device=probs.device)  # (N,)
-        totals = torch.empty(N, 1, dtype=torch.float64, device=probs.device) if check else None  # (N, 1)
+        totals = torch.empty(N, 1, dtype=torch.float64, device=probs.device)  # (N, 1), filled only if check
         for start in range(0, N, step):
             stop = min(start + step, N)
             chunk_idx, chunk_totals = inverse_cdf(flat[start:stop], u[start:stop])

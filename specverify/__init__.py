@@ -6,7 +6,7 @@ Public entry points are imported lazily so that ``reference`` (which uses
 
 from __future__ import annotations
 
-import importlib
+from specverify.core.lazy import lazy_getattr
 
 __version__ = "0.1.0"
 
@@ -28,14 +28,7 @@ _LAZY = {
 
 __all__ = ["__version__", *_LAZY]
 
-
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'specverify' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr("specverify", _LAZY, globals())
 
 
 def __dir__():

@@ -28,7 +28,10 @@ from specverify.core.tables import markov
 from specverify.decoder import TIER_PLANS, check_decoder
 from specverify.decoder.exact import prefix_ids
 from specverify.decoder.protocol import derive_seed, make_prompts
-from specverify.mutants.decoder import DECODER_MUTANTS, make_decoder_mutant
+from specverify.mutants import entries
+from specverify.mutants.decoder import make_decoder_mutant
+
+DECODER_MUTANTS = entries(subject="decoder")
 
 ALPHA = 1e-6
 V_TABLE = 16
@@ -271,7 +274,7 @@ def test_reference_decoder_passes_smoke_more_configs(tiny_pair, sampling):
 def test_decoder_mutants_fail_smoke(tiny_pair, mutant):
     target, drafter = tiny_pair
     decoder = make_decoder_mutant(mutant.name, target, drafter, k=3)
-    report = check_decoder(decoder, TargetAdapter(target, mutant.sampling), tier="smoke", seed=0, alpha=ALPHA)
+    report = check_decoder(decoder, TargetAdapter(target, mutant.config), tier="smoke", seed=0, alpha=ALPHA)
     assert report.verdict == "fail" and not report.errors, (
         f"decoder mutant {mutant.name} ({mutant.provenance}) not detected:\n{_describe(report)}"
     )
@@ -283,7 +286,7 @@ def test_stale_context_drafter_is_lossless(tiny_pair):
     (mutant,) = [m for m in DECODER_MUTANTS if m.name == "stale_context"]
     report = check_decoder(
         make_decoder_mutant(mutant.name, target, drafter, k=3),
-        TargetAdapter(target, mutant.sampling),
+        TargetAdapter(target, mutant.config),
         tier="smoke",
         seed=0,
         alpha=ALPHA,

@@ -20,12 +20,11 @@ from specverify import stats
 from specverify.core.errors import InvalidArgument
 from specverify.core.tables import markov, positional
 from specverify.drafter import audit_drafter
+from specverify.mutants import CatalogueEntry, by_name, entries
 from specverify.mutants.drafter import (
     CATALOGUE,
     EQUIVALENTS,
-    DrafterEntry,
     ReportedLawDrafter,
-    by_name,
     make_drafter_mutant,
     top_k_mask,
     top_p_mask,
@@ -53,7 +52,7 @@ def _audit(drafter, target, seed=0):
 @pytest.mark.parametrize("entry", CATALOGUE, ids=lambda e: e.name)
 def test_every_drafter_mutant_is_caught_by_consistency(entry):
     target = TARGETS["markov"]()
-    report = _audit(entry.factory(target), target)
+    report = _audit(entry.build(target), target)
     caught = _consistency_failures(report)
     assert report.verdict == "fail", f"{entry.name} ({entry.provenance}) not detected:\n{report.summary()}"
     assert entry.caught_by in caught, f"{entry.name}: expected {entry.caught_by}, consistency failures {caught}"
@@ -64,14 +63,14 @@ def test_every_drafter_mutant_is_caught_by_consistency(entry):
 @pytest.mark.parametrize("entry", CATALOGUE, ids=lambda e: e.name)
 def test_every_drafter_mutant_is_caught_on_a_positional_target(entry):
     target = TARGETS["positional"]()
-    report = _audit(entry.factory(target), target, seed=1)
+    report = _audit(entry.build(target), target, seed=1)
     assert report.verdict == "fail" and _consistency_failures(report), report.summary()
 
 
 @pytest.mark.parametrize("entry", EQUIVALENTS, ids=lambda e: e.name)
 def test_honest_equivalents_pass(entry):
     target = TARGETS["markov"]()
-    report = _audit(entry.factory(target), target)
+    report = _audit(entry.build(target), target)
     assert report.verdict == "pass" and not report.errors, f"{entry.name}:\n{report.summary()}"
 
 
@@ -89,7 +88,7 @@ def _laws(drafter: ReportedLawDrafter) -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("entry", CATALOGUE, ids=lambda e: e.name)
 def test_sampled_and_reported_laws_differ(entry):
-    drafter = entry.factory(TARGETS["markov"]())
+    drafter = entry.build(TARGETS["markov"]())
     sampled, reported = _laws(drafter)
     tv = 0.5 * (sampled - reported).abs().sum(-1)  # (C,)
     unnormalised = (drafter.report_table.sum(-1) - 1).abs().max()
@@ -98,7 +97,7 @@ def test_sampled_and_reported_laws_differ(entry):
 
 @pytest.mark.parametrize("entry", EQUIVALENTS, ids=lambda e: e.name)
 def test_equivalents_report_their_sampling_law(entry):
-    drafter = entry.factory(TARGETS["markov"]())
+    drafter = entry.build(TARGETS["markov"]())
     if isinstance(drafter, ReportedLawDrafter):
         sampled, reported = _laws(drafter)
         torch.testing.assert_close(sampled, reported, rtol=0, atol=1e-12)
@@ -152,6 +151,8 @@ def test_processors():
 def test_catalogue_entries():
     names = [e.name for e in CATALOGUE + EQUIVALENTS]
     assert len(names) == len(set(names))
+    assert entries(subject="drafter") == CATALOGUE + EQUIVALENTS
+    assert all(e.lossy for e in CATALOGUE) and not any(e.lossy for e in EQUIVALENTS)
     assert {"raw_q_processed_sample", "greedy_sample_soft_q", "precision_mismatch"} <= set(names)
     assert all(e.kind == "drafter" and e.provenance and e.needs and e.caught_by for e in CATALOGUE)
     assert all(e.kind == "drafter_equivalent" for e in EQUIVALENTS)
@@ -161,7 +162,7 @@ def test_catalogue_entries():
     with pytest.raises(InvalidArgument, match="name"):
         by_name("nope")
     with pytest.raises(InvalidArgument, match="kind"):
-        DrafterEntry("x", "verifier", lambda t: t, "", "")
+        CatalogueEntry("x", "drafter?", lambda t: t, "", "")
     with pytest.raises(InvalidArgument, match="base"):
         ReportedLawDrafter(object(), torch.ones(1, 2), torch.ones(1, 2))
     with pytest.raises(InvalidArgument, match="sample_table"):

@@ -239,6 +239,9 @@ LOSSLESS_OUTSIDE_NEEDS = [
 # ---------------------------------------------------------------- catalogue structure
 
 
+VERIFIER_ENTRIES = entries(subject="verifier")
+
+
 def test_catalogue_is_complete_and_well_formed():
     names = [e.name for e in CATALOGUE]
     assert len(names) == len(set(names))
@@ -267,7 +270,10 @@ def test_catalogue_is_complete_and_well_formed():
     assert bugs_md <= mutants
     for e in CATALOGUE:
         assert e.description and e.provenance and callable(e.fn), e
-        assert (e.kind == "verifier") == bool(e.needs), e.name
+    for e in VERIFIER_ENTRIES:
+        assert (e.kind == "verifier") == bool(e.needs) == e.lossy, e.name
+    assert {e.subject for e in CATALOGUE} == {"verifier", "drafter", "decoder"}
+    assert entries(subject="verifier") == entries("verifier") + entries("equivalent")
     assert by_name("ensemble").kind == "verifier"
     with pytest.raises(InvalidArgument, match="nope"):
         by_name("nope")
@@ -307,7 +313,7 @@ def test_default_chain_matches_reference_on_random_shapes(data):
     assert_same_blocks(a, b)
 
 
-@pytest.mark.parametrize("entry", CATALOGUE, ids=lambda e: e.name)
+@pytest.mark.parametrize("entry", entries(subject="verifier"), ids=lambda e: e.name)
 def test_protocol_shapes_and_determinism(entry):
     sc = SCENARIOS["markov"]
     target, draft, tokens = make_inputs(sc, 64, torch.Generator().manual_seed(11))

@@ -50,8 +50,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("specverify.adapters.hf needs Hugging Face transformers: pip install 'specverify[hf]'") from exc
 
 from specverify.adapters.hf_kernel import (
-    KERNEL_PARAMETERS,
     SpeculativeSamplingVerifier,
+    check_ensemble_weight,
     forked_global_rng,
     speculative_sampling_verifier,
     torch_threads,
@@ -260,15 +260,7 @@ class HFAssistedDecoder:
         gen_assistant.assistant_confidence_threshold = 0.0
         extra = {}
         if assistant_ensemble_weight is not None:
-            weight = float(assistant_ensemble_weight)
-            if not 0.0 < weight < 1.0:
-                raise InvalidArgument(f"assistant_ensemble_weight must be in (0, 1), got {assistant_ensemble_weight!r}")
-            if "assistant_ensemble_weight" not in KERNEL_PARAMETERS:
-                raise InvalidArgument(
-                    f"assistant_ensemble_weight={weight!r}, but transformers {TRANSFORMERS_VERSION} "
-                    "has no ensemble verification"
-                )
-            extra["assistant_ensemble_weight"] = weight
+            extra["assistant_ensemble_weight"] = check_ensemble_weight(assistant_ensemble_weight)
         self.assistant_ensemble_weight = assistant_ensemble_weight
         o = self.options
         self._config_kwargs = dict(

@@ -55,7 +55,13 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "specverify.adapters.hf_kernel needs Hugging Face transformers: pip install 'specverify[hf]'"
     ) from exc
 
-__all__ = ["speculative_sampling_verifier", "SpeculativeSamplingVerifier", "KERNEL_PROBLEM", "KERNEL_PARAMETERS"]
+__all__ = [
+    "KERNEL_PARAMETERS",
+    "KERNEL_PROBLEM",
+    "SpeculativeSamplingVerifier",
+    "check_ensemble_weight",
+    "speculative_sampling_verifier",
+]
 
 _REQUIRED = ("candidate_input_ids", "candidate_logits", "candidate_length", "new_logits")
 _OPTIONAL = {"is_done_candidate", "assistant_ensemble_weight"}
@@ -153,6 +159,19 @@ def _resolve_dtype(dtype):
     return resolved
 
 
+def check_ensemble_weight(value) -> float:
+    """``assistant_ensemble_weight`` as a float in (0, 1), where this transformers has the argument."""
+    weight = float(value)
+    if not 0.0 < weight < 1.0:
+        raise InvalidArgument(f"assistant_ensemble_weight must be in (0, 1), got {value!r}")
+    if "assistant_ensemble_weight" not in KERNEL_PARAMETERS:
+        raise InvalidArgument(
+            f"assistant_ensemble_weight={value!r}, but _speculative_sampling of "
+            f"transformers {transformers.__version__} has no such argument"
+        )
+    return weight
+
+
 class SpeculativeSamplingVerifier:
     """HF ``_speculative_sampling`` behind the verifier protocol.
 
@@ -183,15 +202,7 @@ class SpeculativeSamplingVerifier:
         if "is_done_candidate" in KERNEL_PARAMETERS:
             self._kwargs["is_done_candidate"] = False
         if assistant_ensemble_weight is not None:
-            weight = float(assistant_ensemble_weight)
-            if not 0.0 < weight < 1.0:
-                raise InvalidArgument(f"assistant_ensemble_weight must be in (0, 1), got {assistant_ensemble_weight!r}")
-            if "assistant_ensemble_weight" not in KERNEL_PARAMETERS:
-                raise InvalidArgument(
-                    f"assistant_ensemble_weight={assistant_ensemble_weight!r}, but _speculative_sampling of "
-                    f"transformers {transformers.__version__} has no such argument"
-                )
-            self._kwargs["assistant_ensemble_weight"] = weight
+            self._kwargs["assistant_ensemble_weight"] = check_ensemble_weight(assistant_ensemble_weight)
         self.assistant_ensemble_weight = assistant_ensemble_weight
 
     def __repr__(self) -> str:

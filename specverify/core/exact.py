@@ -383,19 +383,21 @@ def markov_speculative_law(
         return (law.reshape(-1, V, V)[..., None] * bonus[:V][None]).reshape(-1)  # (V**(n+1),)
 
     zero = torch.zeros((), dtype=torch.float64)
-    states = [torch.ones((), dtype=torch.float64)] + [None] * K  # F[j] at n = 0
+    states: list[torch.Tensor | None] = [torch.ones((), dtype=torch.float64)] + [None] * K  # F[j] at n = 0
     for n in range(L):
-        new = [None] * (K + 1)
+        new: list[torch.Tensor | None] = [None] * (K + 1)
         for j, law in enumerate(states):
             if law is None:
                 continue
             if j < K:
                 accepted = extend(law, n, accepted_mass)
-                new[j + 1] = accepted if new[j + 1] is None else new[j + 1] + accepted
+                prev = new[j + 1]
+                new[j + 1] = accepted if prev is None else prev + accepted
                 rejected = extend(law, n, step_reject)
             else:
                 rejected = extend_bonus(law, n)
-            new[0] = rejected if new[0] is None else new[0] + rejected
+            prev = new[0]
+            new[0] = rejected if prev is None else prev + rejected
         states = new
     total = sum((s for s in states if s is not None), zero)
     return total.reshape((V,) * L)

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["TestResult", "Report", "Grade", "SCHEMA_VERSION", "PASS", "SUSPICIOUS", "FAIL"]
+__all__ = ["FAIL", "PASS", "SCHEMA_VERSION", "SUSPICIOUS", "Grade", "Report", "TestResult", "protocol_result"]
 
 SCHEMA_VERSION = "specverify.report/1"
 
@@ -232,3 +232,21 @@ class Report:
                 f"worst {tvs[-1]:.3g} over {len(tvs)} tests ({n:,} tokens in goodness-of-fit strata)"
             )
         return "\n".join(lines)
+
+def protocol_result(scenario: str, error: str | None, n: int, *, method: str, position: str = "") -> TestResult:
+    """The exact (not statistical) record of an implementation's protocol checks.
+
+    ``error`` None: passed (statistic 0, p 1); otherwise failed (statistic 1, p 0) with the
+    message in ``details["error"]``.  ``method`` says what was checked.
+    """
+    return TestResult(
+        statistic=0.0 if error is None else 1.0,
+        pvalue=1.0 if error is None else 0.0,
+        name="protocol",
+        family="protocol",
+        method=method,
+        n=n,
+        scenario=scenario,
+        position=position,
+        details={} if error is None else {"error": error},
+    )

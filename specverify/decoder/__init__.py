@@ -9,15 +9,10 @@ drafter, a target and a verifier, used to audit drafters end to end).
 
 from __future__ import annotations
 
-import importlib
+from specverify.core.lazy import lazy_getattr
 
 _LAZY = {name: "specverify.decoder.battery" for name in ("check_decoder", "TierPlan", "TIER_PLANS")}
 
 __all__ = list(_LAZY)
 
-
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'specverify.decoder' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_getattr("specverify.decoder", _LAZY, globals())

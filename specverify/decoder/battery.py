@@ -38,13 +38,14 @@ import dataclasses
 import platform
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from specverify import stats
 from specverify.core.errors import ImplementationError, InvalidArgument
-from specverify.core.results import FAIL, Report, TestResult
+from specverify.core.results import FAIL, Report, TestResult, protocol_result
 from specverify.core.validation import check_int, check_run_options
 
 from .exact import ExactPlan, analyse_exact
@@ -79,35 +80,16 @@ class TierPlan:
     reference_factor: int = 4
 
 
+# fmt: off
 TIER_PLANS = {
-    "smoke": TierPlan(
-        num_prompts=2,
-        num_samples=4000,
-        max_new_tokens=8,
-        determinism_samples=16,
-        max_nodes=6,
-        min_node_visits=200,
-        greedy_samples=32,
-    ),
-    "standard": TierPlan(
-        num_prompts=4,
-        num_samples=40_000,
-        max_new_tokens=16,
-        determinism_samples=32,
-        max_nodes=24,
-        min_node_visits=400,
-        greedy_samples=128,
-    ),
-    "deep": TierPlan(
-        num_prompts=8,
-        num_samples=400_000,
-        max_new_tokens=32,
-        determinism_samples=64,
-        max_nodes=64,
-        min_node_visits=1000,
-        greedy_samples=1024,
-    ),
+    "smoke": TierPlan(num_prompts=2, num_samples=4000, max_new_tokens=8, determinism_samples=16, max_nodes=6,
+                      min_node_visits=200, greedy_samples=32),
+    "standard": TierPlan(num_prompts=4, num_samples=40_000, max_new_tokens=16, determinism_samples=32, max_nodes=24,
+                         min_node_visits=400, greedy_samples=128),
+    "deep": TierPlan(num_prompts=8, num_samples=400_000, max_new_tokens=32, determinism_samples=64, max_nodes=64,
+                     min_node_visits=1000, greedy_samples=1024),
 }
+# fmt: on
 
 
 def _environment(decoder) -> dict:
@@ -159,18 +141,11 @@ def _greedy_result(target, prompt: torch.Tensor, tokens: torch.Tensor, vocab_siz
     )
 
 
+PROTOCOL_METHOD = "protocol: shape, integer dtype, token ids in [0, V), same seed -> same output (exact)"
+
+
 def _protocol_result(scenario: str, error: str | None, n: int) -> TestResult:
-    return TestResult(
-        statistic=0.0 if error is None else 1.0,
-        pvalue=1.0 if error is None else 0.0,
-        name="protocol",
-        family="protocol",
-        n=n,
-        scenario=scenario,
-        position="",
-        method="protocol: shape, integer dtype, token ids in [0, V), same seed -> same output (exact)",
-        details={} if error is None else {"error": error},
-    )
+    return protocol_result(scenario, error, n, method=PROTOCOL_METHOD)
 
 
 def check_decoder(
@@ -228,6 +203,84 @@ def check_decoder(
     """
     started = time.perf_counter()
     seed, alpha = check_run_options(tier, TIER_PLANS, seed, alpha, progress)
+    run = _prepare(decoder, target, reference, greedy, TIER_PLANS[tier], num_samples, max_new_tokens, alpha)
+    base: dict[str, Any] = dict(
+        kind="decoder",
+        implementation=implementation_name(decoder),
+        tier=tier,
+        seed=seed,
+        alpha=alpha,
+        environment=_environment(decoder),
+    )
+    try:
+        V = _vocab_size(run, decoder, reference, prompts)
+    except ImplementationError as error:
+        return Report(
+            verdict=FAIL,
+            errors=(f"target: {error}",),
+            timings={"total": time.perf_counter() - started},
+            extra={"mode": run.mode},
+            **base,
+        )
+    prompt_list = (
+        normalise_prompts(prompts, V) if prompts is not None else make_prompts(run.plan.num_prompts, V or 2, seed=seed)
+    )
+    k = getattr(decoder, "k", None)
+    k = int(k) if isinstance(k, (int, np.integer)) and not isinstance(k, bool) else None
+
+    results: list[TestResult] = []
+    errors: list[str] = []
+    scenarios, timings, summaries = [], {}, {}
+    tick = ProgressTicker(progress, _STAGES * len(prompt_list))
+    for i, prompt in enumerate(prompt_list):
+        t0 = time.perf_counter()
+        name = f"prompt{i}"
+        scenario = _scenario_record(run, name, prompt, V, k, _prompt_seeds(seed, i, run.mode))
+        scenarios.append(scenario)
+        summary: dict = {}
+        try:
+            results += _check_prompt(run, scenario, prompt, summary, tick)
+        except ImplementationError as error:
+            errors.append(f"{name}: {error}")
+            results.append(_protocol_result(name, str(error), scenario["n"]))
+            tick(f"{name}: implementation error", done=_STAGES * (i + 1))
+        timings[name] = time.perf_counter() - t0
+        summaries[name] = summary
+
+    graded, verdict = stats.grade_run(results, errors, alpha=alpha)
+    timings["total"] = time.perf_counter() - started
+    extra = {"mode": run.mode, "tier_plan": dataclasses.asdict(run.plan), "decoder": summaries}
+    if reference is not None:
+        extra["reference"] = implementation_name(reference)
+    return Report(
+        verdict=verdict,
+        results=graded,
+        errors=tuple(errors),
+        scenarios=tuple(scenarios),
+        timings=timings,
+        extra=extra,
+        **base,
+    )
+
+
+_STAGES = 3  # progress ticks per prompt: generate, determinism, statistics
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What every prompt of one ``check_decoder`` run shares."""
+
+    generate: object
+    ref_generate: object
+    target: object
+    greedy: bool | None
+    mode: str  # "greedy" | "exact" | "two_sample"
+    plan: TierPlan
+    exact_plan: ExactPlan
+
+
+def _prepare(decoder, target, reference, greedy, plan, num_samples, max_new_tokens, alpha) -> _Run:
+    """Validate ``check_decoder``'s arguments; the shared state of the run."""
     if greedy not in (None, True, False):
         raise InvalidArgument(f"greedy must be None, True or False, got {greedy!r}")
     generate = generate_fn(decoder)
@@ -238,147 +291,116 @@ def check_decoder(
         raise InvalidArgument("check_decoder needs a target (exact conditionals) or a reference decoder (two-sample)")
     if greedy is True and target is None:
         raise InvalidArgument("greedy=True needs a target (the argmax continuation is computed from it)")
-    plan = TIER_PLANS[tier]
     if num_samples is not None:
         plan = dataclasses.replace(plan, num_samples=check_int("num_samples", num_samples, minimum=2))
     if max_new_tokens is not None:
         plan = dataclasses.replace(plan, max_new_tokens=check_int("max_new_tokens", max_new_tokens, minimum=1))
-    exact_plan = ExactPlan(max_nodes=plan.max_nodes, min_node_visits=plan.min_node_visits, alpha=alpha)
-    mode = "greedy" if greedy is True else ("exact" if target is not None else "two_sample")
-
-    errors: list[str] = []
-    base = dict(
-        kind="decoder",
-        implementation=implementation_name(decoder),
-        tier=tier,
-        seed=seed,
-        alpha=alpha,
-        environment=_environment(decoder),
+    return _Run(
+        generate=generate,
+        ref_generate=ref_generate,
+        target=target,
+        greedy=greedy,
+        mode="greedy" if greedy is True else ("exact" if target is not None else "two_sample"),
+        plan=plan,
+        exact_plan=ExactPlan(max_nodes=plan.max_nodes, min_node_visits=plan.min_node_visits, alpha=alpha),
     )
 
-    # ---- vocabulary and prompts
-    V = None
-    if target is not None:
-        if prompts is not None:
-            normalise_prompts(prompts, None)  # bad usage is reported before the target is called
-        probe = torch.zeros(1, dtype=torch.long)  # token 0 is valid for every vocabulary
-        try:
-            V = next_token_probs(target, probe[None]).shape[-1]
-        except ImplementationError as error:
-            errors.append(f"target: {error}")
-            return Report(
-                verdict=FAIL,
-                errors=tuple(errors),
-                timings={"total": time.perf_counter() - started},
-                extra={"mode": mode},
-                **base,
-            )
+
+def _vocab_size(run: _Run, decoder, reference, prompts) -> int | None:
+    """V from one target call (bad prompts are reported before the target is called), else from the decoders."""
+    if run.target is None:
+        return vocab_size_of(decoder, reference)
+    if prompts is not None:
+        normalise_prompts(prompts, None)
+    probe = torch.zeros(1, dtype=torch.long)  # token 0 is valid for every vocabulary
+    return next_token_probs(run.target, probe[None]).shape[-1]
+
+
+def _prompt_seeds(seed: int, i: int, mode: str) -> dict[str, int]:
+    """The seeds of prompt ``i``, each derived from the root seed and a fixed label."""
+    seeds = {"decoder_seed": derive_seed(seed, 1, i), "determinism_seed": derive_seed(seed, 2, i)}
+    if mode == "exact":
+        seeds["pit_seed"] = derive_seed(seed, 3, i)
+    if mode == "two_sample":
+        seeds["reference_seed"] = derive_seed(seed, 4, i)
+    return seeds
+
+
+def _scenario_record(run: _Run, name: str, prompt: torch.Tensor, V, k, seeds: dict) -> dict:
+    """The report's record of one prompt: sizes, seeds and a one-line description."""
+    N = run.plan.greedy_samples if run.mode == "greedy" else run.plan.num_samples
+    L = run.plan.max_new_tokens
+    scenario = {
+        "name": name,
+        "mode": run.mode,
+        "vocab_size": V,
+        **({"k": k} if k is not None else {}),
+        "n": N,
+        "max_new_tokens": L,
+        "prompt": prompt.tolist(),
+        **seeds,
+        "description": f"{run.mode} check of {N} continuations of {L} new tokens after prompt {prompt.tolist()}",
+    }
+    if run.mode == "two_sample":
+        scenario["reference_n"] = run.plan.reference_factor * N
+    return scenario
+
+
+def _check_prompt(run: _Run, scenario: dict, prompt: torch.Tensor, summary: dict, tick) -> list[TestResult]:
+    """Generate, check determinism and analyse one prompt; raises ImplementationError on a violation."""
+    name, N, L, V = scenario["name"], scenario["n"], scenario["max_new_tokens"], scenario["vocab_size"]
+    t_gen = time.perf_counter()
+    tokens = call_generate(
+        run.generate, prompt, num_samples=N, max_new_tokens=L, seed=scenario["decoder_seed"], vocab_size=V
+    )  # (N, L)
+    summary["generate_seconds"] = time.perf_counter() - t_gen
+    summary["tokens_per_second"] = N * L / max(summary["generate_seconds"], 1e-9)
+    tick(f"{name}: generate")
+    check_determinism(
+        run.generate,
+        prompt,
+        num_samples=run.plan.determinism_samples,
+        max_new_tokens=L,
+        seed=scenario["determinism_seed"],
+        vocab_size=V,
+    )
+    results = [_protocol_result(name, None, N)]
+    tick(f"{name}: determinism")
+    if run.mode == "greedy":
+        results.append(_greedy_result(run.target, prompt, tokens, V, name))
+    elif run.mode == "exact":
+        results += _exact_results(run, scenario, prompt, tokens, summary)
     else:
-        V = vocab_size_of(decoder, reference)
-    prompt_list = (
-        normalise_prompts(prompts, V) if prompts is not None else make_prompts(plan.num_prompts, V or 2, seed=seed)
+        ref_tokens = call_generate(
+            run.ref_generate,
+            prompt,
+            num_samples=scenario["reference_n"],
+            max_new_tokens=L,
+            seed=scenario["reference_seed"],
+            vocab_size=V,
+            role="reference",
+        )  # (m, L)
+        vocab = V if V is not None else int(max(tokens.max(), ref_tokens.max())) + 1
+        scenario["vocab_size"] = vocab
+        results += analyse_two_sample(tokens, ref_tokens, vocab, scenario=name, plan=run.exact_plan)
+    tick(f"{name}: statistics")
+    return results
+
+
+def _exact_results(run: _Run, scenario: dict, prompt, tokens, summary: dict) -> list[TestResult]:
+    """The exact-conditional battery of one prompt (support + greedy only when every law is one-hot)."""
+    name, V = scenario["name"], scenario["vocab_size"]
+    analysis = analyse_exact(
+        run.target, prompt, tokens, V, scenario=name, plan=run.exact_plan, pit_seed=scenario["pit_seed"]
     )
-    k = getattr(decoder, "k", None)
-    k = int(k) if isinstance(k, (int, np.integer)) and not isinstance(k, bool) else None
-
-    results: list[TestResult] = []
-    scenarios, timings, summaries = [], {}, {}
-    stages = 3
-    tick = ProgressTicker(progress, stages * len(prompt_list))
-
-    for i, prompt in enumerate(prompt_list):
-        t0 = time.perf_counter()
-        name = f"prompt{i}"
-        N = plan.greedy_samples if mode == "greedy" else plan.num_samples
-        L = plan.max_new_tokens
-        seeds = {"decoder_seed": derive_seed(seed, 1, i), "determinism_seed": derive_seed(seed, 2, i)}
-        if mode == "exact":
-            seeds["pit_seed"] = derive_seed(seed, 3, i)
-        if mode == "two_sample":
-            seeds["reference_seed"] = derive_seed(seed, 4, i)
-        scenario = {
-            "name": name,
-            "mode": mode,
-            "vocab_size": V,
-            **({"k": k} if k is not None else {}),
-            "n": N,
-            "max_new_tokens": L,
-            "prompt": prompt.tolist(),
-            **seeds,
-            "description": f"{mode} check of {N} continuations of {L} new tokens after prompt {prompt.tolist()}",
-        }
-        if mode == "two_sample":
-            scenario["reference_n"] = plan.reference_factor * N
-        scenarios.append(scenario)
-        summary = {}
-        try:
-            t_gen = time.perf_counter()
-            tokens = call_generate(
-                generate, prompt, num_samples=N, max_new_tokens=L, seed=seeds["decoder_seed"], vocab_size=V
-            )
-            summary["generate_seconds"] = time.perf_counter() - t_gen
-            summary["tokens_per_second"] = N * L / max(summary["generate_seconds"], 1e-9)
-            tick(f"{name}: generate")
-            check_determinism(
-                generate,
-                prompt,
-                num_samples=plan.determinism_samples,
-                max_new_tokens=L,
-                seed=seeds["determinism_seed"],
-                vocab_size=V,
-            )
-            results.append(_protocol_result(name, None, N))
-            tick(f"{name}: determinism")
-            if mode == "greedy":
-                results.append(_greedy_result(target, prompt, tokens, V, name))
-            elif mode == "exact":
-                analysis = analyse_exact(
-                    target, prompt, tokens, V, scenario=name, plan=exact_plan, pit_seed=seeds["pit_seed"]
-                )
-                summary.update(analysis.summary, all_one_hot=analysis.all_one_hot)
-                if analysis.prompt_probs is not None and V <= 64:
-                    scenario["target_probs_preview"] = [float(x) for x in analysis.prompt_probs]
-                if analysis.all_one_hot:
-                    # Temperature 0: every law is a point mass, so the support check alone is exact and the
-                    # binned / directed / collision tests have no power; keep support, add the greedy check.
-                    results.extend(r for r in analysis.results if r.family == "support")
-                    if greedy is None:
-                        results.append(_greedy_result(target, prompt, tokens, V, name))
-                else:
-                    results.extend(analysis.results)
-            else:
-                ref_tokens = call_generate(
-                    ref_generate,
-                    prompt,
-                    num_samples=plan.reference_factor * N,
-                    max_new_tokens=L,
-                    seed=seeds["reference_seed"],
-                    vocab_size=V,
-                    role="reference",
-                )
-                vocab = V if V is not None else int(max(tokens.max(), ref_tokens.max())) + 1
-                scenario["vocab_size"] = vocab
-                results.extend(analyse_two_sample(tokens, ref_tokens, vocab, scenario=name, plan=exact_plan))
-            tick(f"{name}: statistics")
-        except ImplementationError as error:
-            errors.append(f"{name}: {error}")
-            results.append(_protocol_result(name, str(error), N))
-            tick(f"{name}: implementation error", done=stages * (i + 1))
-        timings[name] = time.perf_counter() - t0
-        summaries[name] = summary
-
-    graded = stats.grade(results, alpha=alpha) if results else ()
-    verdict = FAIL if errors else (stats.verdict(graded) if graded else FAIL)
-    timings["total"] = time.perf_counter() - started
-    extra = {"mode": mode, "tier_plan": dataclasses.asdict(plan), "decoder": summaries}
-    if reference is not None:
-        extra["reference"] = implementation_name(reference)
-    return Report(
-        verdict=verdict,
-        results=tuple(graded),
-        errors=tuple(errors),
-        scenarios=tuple(scenarios),
-        timings=timings,
-        extra=extra,
-        **base,
-    )
+    summary.update(analysis.summary, all_one_hot=analysis.all_one_hot)
+    if analysis.prompt_probs is not None and V <= 64:
+        scenario["target_probs_preview"] = [float(x) for x in analysis.prompt_probs]
+    if not analysis.all_one_hot:
+        return list(analysis.results)
+    # Temperature 0: every law is a point mass, so the support check alone is exact and the binned /
+    # directed / collision tests have no power; keep support, add the greedy check.
+    results = [r for r in analysis.results if r.family == "support"]
+    if run.greedy is None:
+        results.append(_greedy_result(run.target, prompt, tokens, V, name))
+    return results

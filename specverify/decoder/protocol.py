@@ -175,24 +175,9 @@ def check_determinism(
     role: str = "decoder",
 ) -> None:
     """Two calls with the same seed must return identical outputs; raise ImplementationError otherwise."""
-    first = call_generate(
-        generate,
-        prompt,
-        num_samples=num_samples,
-        max_new_tokens=max_new_tokens,
-        seed=seed,
-        vocab_size=vocab_size,
-        role=role,
-    )
-    second = call_generate(
-        generate,
-        prompt,
-        num_samples=num_samples,
-        max_new_tokens=max_new_tokens,
-        seed=seed,
-        vocab_size=vocab_size,
-        role=role,
-    )
+    call = dict(num_samples=num_samples, max_new_tokens=max_new_tokens, seed=seed, vocab_size=vocab_size, role=role)
+    first = call_generate(generate, prompt, **call)  # (N, L)
+    second = call_generate(generate, prompt, **call)  # (N, L)
     if not torch.equal(first, second):
         diff = (first != second).any(1)  # (N,)
         row = int(diff.nonzero()[0])

@@ -8,15 +8,10 @@ speedup / memory-bound latency model of Leviathan et al.).
 
 from __future__ import annotations
 
-import importlib
+from specverify.core.lazy import lazy_getattr
 
 _LAZY = {name: "specverify.drafter.audit" for name in ("audit_drafter", "AuditPlan", "AUDIT_PLANS", "DEFAULT_K")}
 
 __all__ = list(_LAZY)
 
-
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'specverify.drafter' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_getattr("specverify.drafter", _LAZY, globals())

@@ -38,7 +38,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,7 +47,7 @@ import torch
 from reference.rules import verify as canonical_verify
 from specverify import stats
 from specverify.core.errors import ImplementationError, InvalidArgument
-from specverify.core.results import FAIL, Report, TestResult
+from specverify.core.results import FAIL, Report, TestResult, protocol_result
 from specverify.core.validation import check_int, check_run_options
 from specverify.decoder import check_decoder
 from specverify.decoder.pipeline import ProtocolDecoder, merge_stats
@@ -72,25 +73,16 @@ class AuditPlan:
     efficiency_tokens: int
 
 
+# fmt: off
 AUDIT_PLANS = {
-    "smoke": AuditPlan(
-        num_prompts=2, consistency_samples=20_000, determinism_samples=16, efficiency_samples=2000, efficiency_tokens=16
-    ),
-    "standard": AuditPlan(
-        num_prompts=4,
-        consistency_samples=200_000,
-        determinism_samples=32,
-        efficiency_samples=20_000,
-        efficiency_tokens=32,
-    ),
-    "deep": AuditPlan(
-        num_prompts=8,
-        consistency_samples=2_000_000,
-        determinism_samples=64,
-        efficiency_samples=200_000,
-        efficiency_tokens=64,
-    ),
+    "smoke": AuditPlan(num_prompts=2, consistency_samples=20_000, determinism_samples=16, efficiency_samples=2000,
+                       efficiency_tokens=16),
+    "standard": AuditPlan(num_prompts=4, consistency_samples=200_000, determinism_samples=32,
+                          efficiency_samples=20_000, efficiency_tokens=32),
+    "deep": AuditPlan(num_prompts=8, consistency_samples=2_000_000, determinism_samples=64,
+                      efficiency_samples=200_000, efficiency_tokens=64),
 }
+# fmt: on
 
 
 def _positive(name: str, value, *, allow_none: bool = False, allow_zero: bool = False):
@@ -110,19 +102,14 @@ def _positive(name: str, value, *, allow_none: bool = False, allow_zero: bool = 
     return float(value)
 
 
+PROTOCOL_METHOD = (
+    "protocol: drafter output shapes, dtypes, token ids in [0, V), finite non-negative q, "
+    "same generator seed -> same drafts (exact)"
+)
+
+
 def _protocol_result(scenario: str, error: str | None, n: int) -> TestResult:
-    return TestResult(
-        statistic=0.0 if error is None else 1.0,
-        pvalue=1.0 if error is None else 0.0,
-        name="protocol",
-        family="protocol",
-        n=n,
-        scenario=scenario,
-        position="",
-        method="protocol: drafter output shapes, dtypes, token ids in [0, V), finite non-negative q, "
-        "same generator seed -> same drafts (exact)",
-        details={} if error is None else {"error": error},
-    )
+    return protocol_result(scenario, error, n, method=PROTOCOL_METHOD)
 
 
 def _diagnosis(graded, errors) -> dict:
@@ -232,12 +219,11 @@ def audit_drafter(
     bytes_per_param = _positive("bytes_per_param", bytes_per_param)
     verify = verifier if verifier is not None else canonical_verify
     plan = AUDIT_PLANS[tier]
-    base = dict(kind="drafter", implementation=implementation_name(drafter), tier=tier, seed=seed, alpha=alpha)
+    base: dict[str, Any] = dict(
+        kind="drafter", implementation=implementation_name(drafter), tier=tier, seed=seed, alpha=alpha
+    )
 
-    errors: list[str] = []
-    results: list[TestResult] = []
-    scenarios: list[dict] = []
-    timings: dict[str, float] = {}
+    out = _Collected()
     extra: dict = {
         "k": k,
         "verifier": implementation_name(verify),
@@ -249,15 +235,51 @@ def audit_drafter(
     try:
         V = next_token_probs(target, torch.zeros(1, 1, dtype=torch.long)).shape[-1]
     except ImplementationError as error:
-        errors.append(f"target: {error}")
-        extra["diagnosis"] = _diagnosis((), errors)
+        extra["diagnosis"] = _diagnosis((), [f"target: {error}"])
         return Report(
-            verdict=FAIL, errors=tuple(errors), timings={"total": time.perf_counter() - started}, extra=extra, **base
+            verdict=FAIL,
+            errors=(f"target: {error}",),
+            timings={"total": time.perf_counter() - started},
+            extra=extra,
+            **base,
         )
     extra["vocab_size"] = V
     prompts = make_prompts(plan.num_prompts, V, seed=seed)
 
-    # (a) consistency
+    extra["consistency"] = _consistency_part(drafter, prompts, V, k, plan, seed, alpha, out, tick)
+    decoder = ProtocolDecoder(drafter, target, k=k, verify=verify)
+    pipeline = _pipeline_part(decoder, target, prompts, tier, seed, alpha, out, tick)
+    extra["pipeline"] = {"verdict_alone": pipeline.verdict, "decoder": pipeline.extra.get("decoder", {})}
+    cost = dict(draft_cost=draft_cost, model_params=model_params, bandwidth=bandwidth, bytes_per_param=bytes_per_param)
+    extra.update(_efficiency_part(decoder, prompts, V, k, plan, seed, alpha, cost, out, tick))
+
+    graded, verdict = stats.grade_run(out.results, out.errors, alpha=alpha)
+    extra["diagnosis"] = _diagnosis(graded, out.errors)
+    out.timings["total"] = time.perf_counter() - started
+    return Report(
+        verdict=verdict,
+        results=graded,
+        errors=tuple(out.errors),
+        scenarios=tuple(out.scenarios),
+        timings=out.timings,
+        environment=pipeline.environment,
+        extra=extra,
+        **base,
+    )
+
+
+@dataclass
+class _Collected:
+    """What the three parts of an audit add to the report, in order."""
+
+    results: list[TestResult] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    scenarios: list[dict] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _consistency_part(drafter, prompts, V: int, k: int, plan: AuditPlan, seed: int, alpha: float, out, tick) -> dict:
+    """(a) Do the drafted tokens follow the q the drafter reports?  Per prompt; the summaries."""
     summaries = {}
     for i, prompt in enumerate(prompts):
         t0 = time.perf_counter()
@@ -267,19 +289,18 @@ def audit_drafter(
             "determinism_seed": derive_seed(seed, 32, i),
             "pit_seed": derive_seed(seed, 33, i),
         }
-        scenarios.append(
-            {
-                "name": name,
-                "part": "consistency",
-                "vocab_size": V,
-                "k": k,
-                "n": plan.consistency_samples,
-                "prompt": prompt.tolist(),
-                **seeds,
-                "description": f"{plan.consistency_samples} drafts of {k} tokens after prefix "
-                f"{prompt.tolist()}, each token tested against its own reported q row",
-            }
-        )
+        scenario = {
+            "name": name,
+            "part": "consistency",
+            "vocab_size": V,
+            "k": k,
+            "n": plan.consistency_samples,
+            "prompt": prompt.tolist(),
+            **seeds,
+            "description": f"{plan.consistency_samples} drafts of {k} tokens after prefix "
+            f"{prompt.tolist()}, each token tested against its own reported q row",
+        }
+        out.scenarios.append(scenario)
         try:
             check_drafter_determinism(
                 drafter, prompt, num_samples=plan.determinism_samples, k=k, vocab_size=V, seed=seeds["determinism_seed"]
@@ -291,44 +312,40 @@ def audit_drafter(
                 k=k,
                 vocab_size=V,
                 generator=torch.Generator().manual_seed(seeds["draft_seed"]),
-            )
-            results.append(_protocol_result(name, None, plan.consistency_samples))
-            results.extend(
-                analyse_consistency(
-                    tokens,
-                    probs,
-                    scenario=name,
-                    alpha=alpha,
-                    pit_generator=torch.Generator().manual_seed(seeds["pit_seed"]),
-                )
-            )
+            )  # (N, k), (N, k, V)
+            out.results.append(_protocol_result(name, None, plan.consistency_samples))
+            pit_generator = torch.Generator().manual_seed(seeds["pit_seed"])
+            out.results += analyse_consistency(tokens, probs, scenario=name, alpha=alpha, pit_generator=pit_generator)
             summaries[name] = consistency_summary(tokens, probs)
             if V <= 64:
-                scenarios[-1]["draft_probs_preview"] = [float(x) for x in probs[0, 0]]
+                scenario["draft_probs_preview"] = [float(x) for x in probs[0, 0]]
         except ImplementationError as error:
-            errors.append(f"{name}: {error}")
-            results.append(_protocol_result(name, str(error), plan.consistency_samples))
-        timings[name] = time.perf_counter() - t0
+            out.errors.append(f"{name}: {error}")
+            out.results.append(_protocol_result(name, str(error), plan.consistency_samples))
+        out.timings[name] = time.perf_counter() - t0
         tick(f"{name}")
-    extra["consistency"] = summaries
+    return summaries
 
-    # (b) losslessness of the whole pipeline
+
+def _pipeline_part(decoder, target, prompts, tier: str, seed: int, alpha: float, out, tick) -> Report:
+    """(b) Losslessness of the whole pipeline: ``check_decoder``, its results regraded with the audit's."""
     t0 = time.perf_counter()
-    decoder = ProtocolDecoder(drafter, target, k=k, verify=verify)
     pipeline = check_decoder(decoder, target, tier=tier, seed=derive_seed(seed, 41), alpha=alpha, prompts=prompts)
     for r in pipeline.results:
-        results.append(r.replace(scenario=f"pipeline:{r.scenario}", alpha=None, adjusted_pvalue=None, grade=None))
+        out.results.append(r.replace(scenario=f"pipeline:{r.scenario}", alpha=None, adjusted_pvalue=None, grade=None))
     for s in pipeline.scenarios:
-        scenarios.append({**s, "name": f"pipeline:{s['name']}", "part": "pipeline"})
-    errors.extend(f"pipeline: {e}" for e in pipeline.errors)
-    extra["pipeline"] = {"verdict_alone": pipeline.verdict, "decoder": pipeline.extra.get("decoder", {})}
-    timings["pipeline"] = time.perf_counter() - t0
+        out.scenarios.append({**s, "name": f"pipeline:{s['name']}", "part": "pipeline"})
+    out.errors.extend(f"pipeline: {e}" for e in pipeline.errors)
+    out.timings["pipeline"] = time.perf_counter() - t0
     tick("pipeline")
+    return pipeline
 
-    # (c) efficiency
+
+def _efficiency_part(decoder, prompts, V: int, k: int, plan, seed: int, alpha: float, cost: dict, out, tick) -> dict:
+    """(c) Acceptance per position against its exact value, and what it buys; the report sections."""
     t0 = time.perf_counter()
     eff_seeds = [derive_seed(seed, 51, i) for i in range(len(prompts))]
-    scenarios.append(
+    out.scenarios.append(
         {
             "name": "efficiency",
             "part": "efficiency",
@@ -341,6 +358,7 @@ def audit_drafter(
             f"per prompt through the pipeline; acceptance vs exact sum_x min(p, q)",
         }
     )
+    sections: dict = {}
     try:
         runs = [
             decoder.decode(
@@ -349,28 +367,12 @@ def audit_drafter(
             for prompt, s in zip(prompts, eff_seeds)
         ]
         run = merge_stats(runs)
-        results.extend(acceptance_results(run, alpha=alpha, scenario="efficiency"))
-        extra["efficiency"] = efficiency_section(
-            run, draft_cost=draft_cost, model_params=model_params, bandwidth=bandwidth, bytes_per_param=bytes_per_param
-        )
-        extra["acceptance"] = {"efficiency": acceptance_entry(run)}
+        out.results += acceptance_results(run, alpha=alpha, scenario="efficiency")
+        sections["efficiency"] = efficiency_section(run, **cost)
+        sections["acceptance"] = {"efficiency": acceptance_entry(run)}
     except ImplementationError as error:
-        errors.append(f"efficiency: {error}")
-        results.append(_protocol_result("efficiency", str(error), plan.efficiency_samples))
-    timings["efficiency"] = time.perf_counter() - t0
+        out.errors.append(f"efficiency: {error}")
+        out.results.append(_protocol_result("efficiency", str(error), plan.efficiency_samples))
+    out.timings["efficiency"] = time.perf_counter() - t0
     tick("efficiency")
-
-    graded = stats.grade(results, alpha=alpha) if results else ()
-    verdict = FAIL if errors else (stats.verdict(graded) if graded else FAIL)
-    extra["diagnosis"] = _diagnosis(graded, errors)
-    timings["total"] = time.perf_counter() - started
-    return Report(
-        verdict=verdict,
-        results=tuple(graded),
-        errors=tuple(errors),
-        scenarios=tuple(scenarios),
-        timings=timings,
-        environment=pipeline.environment,
-        extra=extra,
-        **base,
-    )
+    return sections

@@ -1,26 +1,37 @@
 """The mutation catalogue: deliberately wrong implementations and correct-but-different ones.
 
-The suite tests itself with it (``specverify selftest``): every entry of kind
-``"verifier"`` is a lossy verifier that must be caught on a scenario matching its
-``needs``; every entry of kind ``"equivalent"`` is a correct verifier written
-differently that must pass on the scenarios its ``requires`` allows.  Entries mirror
-bugs engines really shipped (``provenance``; see ``shared/bugs.md``).
+One catalogue, one entry type, for every subject the suite audits.  The suite tests
+itself with it (``specverify selftest``): a *mutant* (kind ``"verifier"``,
+``"drafter"`` or ``"decoder"``) is a lossy implementation that must be caught on a
+scenario matching its ``needs``; an *equivalent* (kind ``"equivalent"``,
+``"drafter_equivalent"`` or ``"decoder_equivalent"``) is correct but written
+differently (or honest but slower) and must pass.  Entries mirror bugs engines
+really shipped (``provenance``; see ``shared/bugs.md``).
 
-Modules: ``steps`` (the chain rule factored into parametrised steps) and ``verifier``
-(the verifier entries composed from them).  Drafter and decoder mutants may be added as
-further modules; ``CATALOGUE`` is the concatenation.
+Modules: ``steps`` (the chain rule factored into parametrised steps), ``verifier``
+(verifier entries composed from them), ``drafter`` (drafters whose reported q is not
+the law they sample), ``decoder`` (reference-decoder subclasses with integration
+bugs).  ``CATALOGUE`` is their concatenation; :func:`entries` selects by kind or
+subject, :func:`by_name` finds one entry, and ``specverify.mutants:NAME`` resolves a
+verifier entry to its verifier for the CLI and the plugin.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from specverify.core.errors import InvalidArgument
 
-__all__ = ["CatalogueEntry", "CATALOGUE", "by_name", "entries"]
+__all__ = ["CATALOGUE", "KINDS", "SUBJECTS", "CatalogueEntry", "by_name", "entries"]
 
-KINDS = ("verifier", "equivalent")
+SUBJECTS: dict[str, tuple[str, str]] = {  # subject -> (mutant kind, equivalent kind)
+    "verifier": ("verifier", "equivalent"),
+    "drafter": ("drafter", "drafter_equivalent"),
+    "decoder": ("decoder", "decoder_equivalent"),
+}
+KINDS = tuple(kind for pair in SUBJECTS.values() for kind in pair)
 
 
 @dataclass(frozen=True)
@@ -32,10 +43,15 @@ class CatalogueEntry:
     name : str
         Unique identifier (snake_case).
     kind : str
-        ``"verifier"`` (a lossy mutant of the verifier protocol) or ``"equivalent"``
-        (a correct verifier that differs from the reference in form).
+        One of :data:`KINDS`: ``"verifier"`` / ``"drafter"`` / ``"decoder"`` for a lossy
+        mutant of that subject, ``"equivalent"`` / ``"drafter_equivalent"`` /
+        ``"decoder_equivalent"`` for a correct (or honest) variant.
     fn : callable
-        ``fn(target_probs, draft_probs, draft_tokens, *, generator) -> (tokens, num_emitted)``.
+        Verifiers: the verifier, ``fn(target_probs, draft_probs, draft_tokens, *,
+        generator) -> (tokens, num_emitted)``.  Drafters: a factory
+        ``fn(target: TableModel, **options) -> drafter``.  Decoders: a class
+        ``fn(target, drafter, *, k, sampling, **options) -> decoder``.  :meth:`build`
+        calls it with ``config`` filled in.
     description : str
         The rule it implements, and for a mutant what is wrong with it.
     provenance : str
@@ -44,6 +60,10 @@ class CatalogueEntry:
         Mutants: the scenario that makes the loss visible (empty for equivalents).
     requires : str
         Equivalents: the scenarios on which the variant is correct (empty: any).
+    caught_by : str
+        Drafters: the consistency test expected to catch the mutant.
+    config : object
+        Decoders: the sampling configuration under which the bug changes the law.
     """
 
     name: str
@@ -53,16 +73,38 @@ class CatalogueEntry:
     provenance: str
     needs: str = ""
     requires: str = ""
+    caught_by: str = ""
+    config: Any = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise InvalidArgument(f"kind must be one of {KINDS}, got {self.kind!r}")
 
+    @property
+    def subject(self) -> str:
+        """``"verifier"``, ``"drafter"`` or ``"decoder"``."""
+        return next(s for s, pair in SUBJECTS.items() if self.kind in pair)
+
+    @property
+    def lossy(self) -> bool:
+        """True for a mutant (must be caught), False for an equivalent (must pass)."""
+        return self.kind == SUBJECTS[self.subject][0]
+
+    def build(self, *args: Any, **options: Any) -> Any:
+        """The drafter or decoder of this entry (``config`` as ``sampling`` unless given)."""
+        if self.subject == "verifier":
+            raise InvalidArgument(f"entry {self.name!r} is a verifier: call entry.fn, there is nothing to build")
+        if self.subject == "decoder":
+            options.setdefault("sampling", self.config)
+        return self.fn(*args, **options)
+
 
 def _build() -> tuple[CatalogueEntry, ...]:
+    from specverify.mutants.decoder import ENTRIES as decoder_entries
+    from specverify.mutants.drafter import ENTRIES as drafter_entries
     from specverify.mutants.verifier import ENTRIES as verifier_entries
 
-    entries_ = tuple(verifier_entries)
+    entries_ = tuple(verifier_entries) + tuple(drafter_entries) + tuple(decoder_entries)
     names = [e.name for e in entries_]
     duplicated = sorted({n for n in names if names.count(n) > 1})
     if duplicated:
@@ -73,11 +115,13 @@ def _build() -> tuple[CatalogueEntry, ...]:
 CATALOGUE: tuple[CatalogueEntry, ...] = _build()
 
 
-def entries(kind: str | None = None) -> tuple[CatalogueEntry, ...]:
-    """The catalogue entries of one kind (all when ``kind`` is None)."""
+def entries(kind: str | None = None, *, subject: str | None = None) -> tuple[CatalogueEntry, ...]:
+    """The catalogue entries of one kind and/or one subject (all when both are None)."""
     if kind is not None and kind not in KINDS:
         raise InvalidArgument(f"kind must be one of {KINDS} or None, got {kind!r}")
-    return tuple(e for e in CATALOGUE if kind is None or e.kind == kind)
+    if subject is not None and subject not in SUBJECTS:
+        raise InvalidArgument(f"subject must be one of {tuple(SUBJECTS)} or None, got {subject!r}")
+    return tuple(e for e in CATALOGUE if (kind is None or e.kind == kind) and (subject is None or e.subject == subject))
 
 
 def by_name(name: str) -> CatalogueEntry:
@@ -94,6 +138,6 @@ def __getattr__(name: str):
     e.g. ``specverify audit --verifier specverify.mutants:residual_is_p``.
     """
     for entry in CATALOGUE:
-        if entry.name == name:
+        if entry.name == name and entry.subject == "verifier":
             return entry.fn
     raise AttributeError(f"module 'specverify.mutants' has no attribute {name!r}")

@@ -2,7 +2,7 @@
 
 Each mutant subclasses :class:`reference.decoder.SpeculativeDecoder` and overrides one
 of its hooks, mirroring a bug real engines shipped (``shared/bugs.md``, table
-"Decoder (integration)").  :data:`DECODER_MUTANTS` lists them with provenance and the
+"Decoder (integration)").  :data:`ENTRIES` lists them with provenance and the
 sampling configuration that makes the loss visible; :func:`make_decoder_mutant`
 builds one.
 
@@ -27,7 +27,7 @@ decoding ignored the sampling parameters in the target's verification probabilit
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
@@ -35,14 +35,14 @@ from reference.decoder import SpeculativeDecoder
 from reference.processors import SamplingConfig, logits_to_probs
 from reference.sampling import sample
 from specverify.core.errors import InvalidArgument
+from specverify.mutants import CatalogueEntry
 
 __all__ = [
     "NoTargetRollback",
     "TopKNotInReportedQ",
     "TargetUnprocessed",
     "StaleDraftContext",
-    "DecoderMutant",
-    "DECODER_MUTANTS",
+    "ENTRIES",
     "make_decoder_mutant",
 ]
 
@@ -89,70 +89,33 @@ class StaleDraftContext(SpeculativeDecoder):
         return state.seq, stale
 
 
-@dataclass(frozen=True)
-class DecoderMutant:
-    """One catalogued decoder mutant.
-
-    Attributes
-    ----------
-    name : str
-    cls : type
-        A :class:`SpeculativeDecoder` subclass.
-    sampling : SamplingConfig
-        The configuration under which the bug changes the output law.
-    description : str
-    provenance : str
-        The issue the mutant mirrors, or ``"classic"``.
-    lossy : bool
-        False for a bug that leaves the output law exact (must pass the law tests).
-    """
-
-    name: str
-    cls: type
-    sampling: SamplingConfig
-    description: str
-    provenance: str
-    lossy: bool = True
+def _entry(name, cls, sampling, description, provenance, lossy=True) -> CatalogueEntry:
+    """A decoder entry: ``cls(target, drafter, *, k, sampling)``; ``sampling`` is where the bug shows."""
+    kind = "decoder" if lossy else "decoder_equivalent"
+    return CatalogueEntry(name, kind, cls, description, provenance, config=sampling)
 
 
-DECODER_MUTANTS: tuple[DecoderMutant, ...] = (
-    DecoderMutant(
-        "kv_not_rolled_back",
-        NoTargetRollback,
-        SamplingConfig(),
-        "rejected draft tokens stay in the target KV cache",
-        "classic",
-    ),
-    DecoderMutant(
-        "topk_not_in_reported_q",
-        TopKNotInReportedQ,
-        SamplingConfig(top_k=3),
-        "drafter samples from top-k processed logits, reports q without top-k",
-        "transformers #47932 / PR #47961",
-    ),
-    DecoderMutant(
-        "target_unprocessed",
-        TargetUnprocessed,
-        SamplingConfig(temperature=0.7),
-        "target probabilities taken at temperature 1 while the user asked 0.7",
-        "vLLM #9834",
-    ),
-    DecoderMutant(
-        "stale_context",
-        StaleDraftContext,
-        SamplingConfig(temperature=0.9),
-        "drafter conditioned on the context before the last accepted block (honest q: lossless, slower)",
-        "classic",
-        lossy=False,
-    ),
+# fmt: off
+ENTRIES: tuple[CatalogueEntry, ...] = (
+    _entry("kv_not_rolled_back", NoTargetRollback, SamplingConfig(),
+                  "rejected draft tokens stay in the target KV cache", "classic"),
+    _entry("topk_not_in_reported_q", TopKNotInReportedQ, SamplingConfig(top_k=3),
+                  "drafter samples from top-k processed logits, reports q without top-k",
+                  "transformers #47932 / PR #47961"),
+    _entry("target_unprocessed", TargetUnprocessed, SamplingConfig(temperature=0.7),
+                  "target probabilities taken at temperature 1 while the user asked 0.7", "vLLM #9834"),
+    _entry("stale_context", StaleDraftContext, SamplingConfig(temperature=0.9),
+                  "drafter conditioned on the context before the last accepted block (honest q: lossless, slower)",
+                  "classic", lossy=False),
 )
+# fmt: on
 
 
 def make_decoder_mutant(
     name: str, target, drafter, *, k: int, sampling: SamplingConfig | None = None, **kwargs
 ) -> SpeculativeDecoder:
     """Build the mutant ``name`` around ``target`` and ``drafter`` (its own sampling config by default)."""
-    for mutant in DECODER_MUTANTS:
-        if mutant.name == name:
-            return mutant.cls(target, drafter, k=k, sampling=sampling or mutant.sampling, **kwargs)
-    raise InvalidArgument(f"name must be one of {[m.name for m in DECODER_MUTANTS]}, got {name!r}")
+    for entry in ENTRIES:
+        if entry.name == name:
+            return entry.build(target, drafter, k=k, sampling=sampling or entry.config, **kwargs)
+    raise InvalidArgument(f"name must be one of {[e.name for e in ENTRIES]}, got {name!r}")

@@ -38,29 +38,24 @@ Shapes: B batch, T prefix tokens, k draft length, V vocabulary, C contexts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
 
 from reference.sampling import sample
 from specverify.core.errors import InvalidArgument
 from specverify.core.tables import TableModel
 from specverify.core.validation import check_generator, check_int, check_shape
+from specverify.mutants import CatalogueEntry
 from specverify.verifier import zoo
 
 __all__ = [
-    "ReportedLawDrafter",
-    "DrafterEntry",
     "CATALOGUE",
+    "ENTRIES",
     "EQUIVALENTS",
-    "by_name",
+    "ReportedLawDrafter",
     "make_drafter_mutant",
     "top_k_mask",
     "top_p_mask",
 ]
-
-KINDS = ("drafter", "drafter_equivalent")
 
 
 class ReportedLawDrafter:
@@ -204,141 +199,62 @@ def bf16_consistent(target: TableModel, *, offset: float = 96.0) -> ReportedLawD
     return ReportedLawDrafter(base, bf16, bf16, name="bf16_consistent")
 
 
-@dataclass(frozen=True)
-class DrafterEntry:
-    """One catalogued drafter.
-
-    Attributes
-    ----------
-    name : str
-    kind : str
-        ``"drafter"`` (a mutant: reported q differs from the sampled law) or
-        ``"drafter_equivalent"`` (honest; must pass).
-    factory : callable
-        ``factory(target: TableModel) -> drafter``.
-    description, provenance : str
-    needs : str
-        What makes the mutant visible (empty for equivalents).
-    caught_by : str
-        The consistency test expected to catch it (``consistency_gof``, ``consistency_support``, ...).
-    """
-
-    name: str
-    kind: str
-    factory: Callable
-    description: str
-    provenance: str
-    needs: str = ""
-    caught_by: str = ""
-
-    def __post_init__(self):
-        if self.kind not in KINDS:
-            raise InvalidArgument(f"kind must be one of {KINDS}, got {self.kind!r}")
+def _entry(name, kind, factory, description, provenance, needs="", caught_by="") -> CatalogueEntry:
+    """A drafter entry: ``factory(target: TableModel, **options) -> drafter``; ``caught_by`` names the test."""
+    return CatalogueEntry(name, kind, factory, description, provenance, needs=needs, caught_by=caught_by)
 
 
-CATALOGUE: tuple[DrafterEntry, ...] = (
-    DrafterEntry(
-        "raw_q_processed_sample",
-        "drafter",
-        raw_q_processed_sample,
-        "samples from top-k (3) / temperature (0.7) processed logits, reports the softmax of the raw logits",
-        "transformers #47932 / PR #47961",
-        "a drafter law with mass outside its top k",
-        "consistency_gof",
-    ),
-    DrafterEntry(
-        "greedy_sample_soft_q",
-        "drafter",
-        greedy_sample_soft_q,
-        "samples the argmax, reports the softmax of the logits",
-        "transformers #32867, dflash #74, jaymody/speculative-sampling #3",
-        "a non-one-hot drafter law",
-        "consistency_gof",
-    ),
-    DrafterEntry(
-        "precision_mismatch",
-        "drafter",
-        precision_mismatch,
-        "samples from bf16-rounded logits (magnitude ~96, bf16 spacing 0.5), reports the fp32 softmax",
-        "deepseek-ai/DeepSpec #31",
-        "large logit magnitudes (bf16 spacing >= 0.25)",
-        "consistency_gof",
-    ),
-    DrafterEntry(
-        "processed_q_raw_sample",
-        "drafter",
-        processed_q_raw_sample,
-        "samples the raw softmax, reports the top-k (3) processed softmax: drafts outside the top k have q = 0",
-        "specverify (mirror of transformers #47932)",
-        "a drafter law with mass outside its top k",
-        "consistency_support",
-    ),
-    DrafterEntry(
-        "topp_unrenormalised",
-        "drafter",
-        topp_unrenormalised,
-        "samples the top-p (0.8) truncated, renormalised law, reports the truncated rows unrenormalised",
-        "specverify (top-p mask applied after the softmax)",
-        "top-p truncation of a non-one-hot law",
-        "consistency_normalised",
-    ),
-    DrafterEntry(
-        "q_next_position",
-        "drafter",
-        q_next_position,
-        "reports the row of the next position (after the drafted token) instead of its own",
-        "specverify (off-by-one logits index)",
-        "a context-dependent drafter law",
-        "consistency_gof",
-    ),
+# fmt: off
+CATALOGUE: tuple[CatalogueEntry, ...] = (
+    _entry("raw_q_processed_sample", "drafter", raw_q_processed_sample,
+                 "samples from top-k (3) / temperature (0.7) processed logits, reports the softmax of the raw logits",
+                 "transformers #47932 / PR #47961", "a drafter law with mass outside its top k", "consistency_gof"),
+    _entry("greedy_sample_soft_q", "drafter", greedy_sample_soft_q,
+                 "samples the argmax, reports the softmax of the logits",
+                 "transformers #32867, dflash #74, jaymody/speculative-sampling #3", "a non-one-hot drafter law",
+                 "consistency_gof"),
+    _entry("precision_mismatch", "drafter", precision_mismatch,
+                 "samples from bf16-rounded logits (magnitude ~96, bf16 spacing 0.5), reports the fp32 softmax",
+                 "deepseek-ai/DeepSpec #31", "large logit magnitudes (bf16 spacing >= 0.25)", "consistency_gof"),
+    _entry("processed_q_raw_sample", "drafter", processed_q_raw_sample,
+                 "samples the raw softmax, reports the top-k (3) processed softmax: drafts outside the top k have q = 0",
+                 "specverify (mirror of transformers #47932)", "a drafter law with mass outside its top k",
+                 "consistency_support"),
+    _entry("topp_unrenormalised", "drafter", topp_unrenormalised,
+                 "samples the top-p (0.8) truncated, renormalised law, reports the truncated rows unrenormalised",
+                 "specverify (top-p mask applied after the softmax)", "top-p truncation of a non-one-hot law",
+                 "consistency_normalised"),
+    _entry("q_next_position", "drafter", q_next_position,
+                 "reports the row of the next position (after the drafted token) instead of its own",
+                 "specverify (off-by-one logits index)", "a context-dependent drafter law", "consistency_gof"),
 )
+# fmt: on
 
-EQUIVALENTS: tuple[DrafterEntry, ...] = (
-    DrafterEntry("oracle", "drafter_equivalent", zoo.oracle, "q = p", "specverify zoo"),
-    DrafterEntry("uniform", "drafter_equivalent", zoo.uniform, "uniform q", "specverify zoo"),
-    DrafterEntry(
-        "adversary",
-        "drafter_equivalent",
-        zoo.adversary,
-        "(1 - eps) p + eps point mass on p's least likely token",
-        "specverify zoo",
-    ),
-    DrafterEntry(
-        "least_likely",
-        "drafter_equivalent",
-        zoo.least_likely,
-        "deterministic drafter, one-hot q on p's least likely token",
-        "specverify zoo",
-    ),
-    DrafterEntry(
-        "argmax", "drafter_equivalent", zoo.argmax, "greedy drafter reporting its one-hot q honestly", "specverify zoo"
-    ),
-    DrafterEntry("stale", "drafter_equivalent", zoo.stale, "q one token out of date (honest)", "specverify zoo"),
-    DrafterEntry(
-        "processed_consistent",
-        "drafter_equivalent",
-        processed_consistent,
-        "top-k / temperature processed law sampled and reported",
-        "the fix of transformers PR #47961",
-    ),
-    DrafterEntry(
-        "bf16_consistent",
-        "drafter_equivalent",
-        bf16_consistent,
-        "bf16 logits sampled and their softmax reported",
-        "the fix of deepseek-ai/DeepSpec #31",
-    ),
+# fmt: off
+EQUIVALENTS: tuple[CatalogueEntry, ...] = (
+    _entry("oracle", "drafter_equivalent", zoo.oracle, "q = p", "specverify zoo"),
+    _entry("uniform", "drafter_equivalent", zoo.uniform, "uniform q", "specverify zoo"),
+    _entry("adversary", "drafter_equivalent", zoo.adversary,
+                 "(1 - eps) p + eps point mass on p's least likely token", "specverify zoo"),
+    _entry("least_likely", "drafter_equivalent", zoo.least_likely,
+                 "deterministic drafter, one-hot q on p's least likely token", "specverify zoo"),
+    _entry("argmax", "drafter_equivalent", zoo.argmax,
+                 "greedy drafter reporting its one-hot q honestly", "specverify zoo"),
+    _entry("stale", "drafter_equivalent", zoo.stale, "q one token out of date (honest)", "specverify zoo"),
+    _entry("processed_consistent", "drafter_equivalent", processed_consistent,
+                 "top-k / temperature processed law sampled and reported", "the fix of transformers PR #47961"),
+    _entry("bf16_consistent", "drafter_equivalent", bf16_consistent,
+                 "bf16 logits sampled and their softmax reported", "the fix of deepseek-ai/DeepSpec #31"),
 )
+# fmt: on
 
 
-def by_name(name: str) -> DrafterEntry:
-    """The mutant or equivalent called ``name``."""
-    for entry in CATALOGUE + EQUIVALENTS:
-        if entry.name == name:
-            return entry
-    raise InvalidArgument(f"name must be one of {[e.name for e in CATALOGUE + EQUIVALENTS]}, got {name!r}")
+ENTRIES: tuple[CatalogueEntry, ...] = CATALOGUE + EQUIVALENTS
 
 
 def make_drafter_mutant(name: str, target: TableModel, **options):
     """Build the catalogued drafter ``name`` for ``target`` (options go to its factory)."""
-    return by_name(name).factory(target, **options)
+    for entry in ENTRIES:
+        if entry.name == name:
+            return entry.build(target, **options)
+    raise InvalidArgument(f"name must be one of {[e.name for e in ENTRIES]}, got {name!r}")

@@ -115,264 +115,103 @@ def _mutant(name, description, provenance, needs, **overrides):
     return _M(name, "verifier", _composed(name, description, **overrides), description, provenance, needs)
 
 
+# fmt: off
 ENTRIES: tuple[CatalogueEntry, ...] = (
     # ---- bugs.md, verifier table
-    _mutant(
-        "always_accept",
-        "u = 0: every draft with p(x) > 0 is accepted, so the block is the draft (output = q)",
-        "vllm-ascend #13730 (u = 0)",
-        "any",
-        uniforms=S.zero_uniforms,
-    ),
-    _mutant(
-        "inverted_ratio",
-        "accept iff u < min(1, q(x)/p(x)) (ratio upside down); canonical residual",
-        "classic",
-        _ANY,
-        accept=S.accept_inverted,
-    ),
-    _mutant(
-        "residual_softmax",
-        "recovered token ~ softmax((p - q)+) instead of (p - q)+ normalised",
-        "transformers PR #28508",
-        "any",
-        residual=S.residual_softmax,
-    ),
-    _mutant(
-        "residual_is_p", "recovered token ~ p instead of the residual", "Spec-RL #14", "any", residual=S.residual_target
-    ),
-    _mutant(
-        "residual_unnormalised_icdf",
-        "inverse CDF of the unnormalised (p - q)+ with an unscaled uniform; u past the total overflows "
-        "to the last token id",
-        "SGLang-style fallback",
-        "any",
-        draw=S.draw_icdf_assume_normalised,
-    ),
-    _mutant(
-        "pointmass_accept",
-        "accept iff u < p(x), as if q were a point mass at x, but draw the residual "
-        "(p - q)+ with the real q (draft probs wired into the residual only)",
-        "vLLM #40149 / PR #40269 (half-wired draft_probs; the issue's own fallback is lossless: "
-        "see pointmass_fallback)",
-        "stochastic drafter",
-        accept=S.accept_pointmass,
-    ),
-    _M(
-        "argmax_match",
-        "verifier",
-        argmax_match,
-        "greedy verification used at T > 0: accept iff x == argmax p, emit argmax p on mismatch and as bonus",
-        "mlx-swift-lm PR #459",
-        "T > 0 (target not one-hot)",
-    ),
-    _mutant(
-        "bonus_from_residual",
-        "after all K accepted, bonus ~ r_K = (p_K - q_K)+ instead of p_{K+1}",
-        "EAGLE PR #47",
-        "all-accept path, K >= 1",
-        bonus=S.bonus_residual,
-    ),
-    _mutant(
-        "bonus_wrong_row",
-        "after all K accepted, bonus ~ p_K instead of p_{K+1}",
-        "bugs.md (no issue)",
-        "position-dependent p",
-        bonus=S.bonus_same_row,
-    ),
-    _mutant(
-        "shared_uniform",
-        "one uniform per row reused at every position of the block",
-        "LLMSpeculativeSampling (reseeds before each draw)",
-        "K >= 2",
-        uniforms=S.row_shared_uniforms,
-    ),
-    _mutant(
-        "first_unverified",
-        "the first draft token is always accepted, the others verified canonically",
-        "lattice #243",
-        "any",
-        accept=S.first_always_accepted(S.accept_ratio),
-    ),
-    _mutant(
-        "late_rejection",
-        "on rejection at i, emit a draw from p_{i+1} (the target conditioned on the rejected "
-        "draft) instead of the residual of p_i",
-        "openvino.genai #4190",
-        "any p != q, K >= 1 (bugs.md: K >= 2, context-dependent p, where it is also visible)",
-        residual=S.residual_target,
-        residual_offset=1,
-    ),
-    _mutant(
-        "continue_after_reject",
-        "acceptances after the first rejection are counted too (n = sum of accepted "
-        "flags, not the accepted prefix): rejected drafts are emitted and the residual lands later",
-        "classic",
-        "K >= 2",
-        count=S.count_total,
-    ),
-    _mutant(
-        "batch_row_mix",
-        "the replacement/bonus token of row b is written into row b+1",
-        "flash-attention PR #2779",
-        "B > 1, different rejection points",
-        mix_rows=True,
-    ),
-    _mutant(
-        "typical_accept",
-        "Medusa typical acceptance: accept iff p(x) > min(0.09, 0.3 exp(-H(p))); on rejection emit a draw from p",
-        "Medusa (lossy by design)",
-        "any",
-        accept=S.accept_typical(0.09, 0.3),
-        residual=S.residual_target,
-    ),
-    _mutant(
-        "ensemble",
-        "accept with min(1, 1 - w + w p/q), w = 0.5, residual of the mixture: output w p + (1-w) q",
-        "HF assistant_ensemble_weight",
-        _ANY,
-        accept=S.accept_ensemble(0.5),
-        residual=_half_residual,
-    ),
+    _mutant("always_accept", "u = 0: every draft with p(x) > 0 is accepted, so the block is the draft (output = q)",
+            "vllm-ascend #13730 (u = 0)", "any", uniforms=S.zero_uniforms),
+    _mutant("inverted_ratio", "accept iff u < min(1, q(x)/p(x)) (ratio upside down); canonical residual",
+            "classic", _ANY, accept=S.accept_inverted),
+    _mutant("residual_softmax", "recovered token ~ softmax((p - q)+) instead of (p - q)+ normalised",
+            "transformers PR #28508", "any", residual=S.residual_softmax),
+    _mutant("residual_is_p", "recovered token ~ p instead of the residual", "Spec-RL #14", "any",
+            residual=S.residual_target),
+    _mutant("residual_unnormalised_icdf",
+            "inverse CDF of the unnormalised (p - q)+ with an unscaled uniform; u past the total overflows "
+            "to the last token id", "SGLang-style fallback", "any", draw=S.draw_icdf_assume_normalised),
+    _mutant("pointmass_accept", "accept iff u < p(x), as if q were a point mass at x, but draw the residual "
+            "(p - q)+ with the real q (draft probs wired into the residual only)",
+            "vLLM #40149 / PR #40269 (half-wired draft_probs; the issue's own fallback is lossless: "
+            "see pointmass_fallback)", "stochastic drafter", accept=S.accept_pointmass),
+    _M("argmax_match", "verifier", argmax_match,
+       "greedy verification used at T > 0: accept iff x == argmax p, emit argmax p on mismatch and as bonus",
+       "mlx-swift-lm PR #459", "T > 0 (target not one-hot)"),
+    _mutant("bonus_from_residual", "after all K accepted, bonus ~ r_K = (p_K - q_K)+ instead of p_{K+1}",
+            "EAGLE PR #47", "all-accept path, K >= 1", bonus=S.bonus_residual),
+    _mutant("bonus_wrong_row", "after all K accepted, bonus ~ p_K instead of p_{K+1}", "bugs.md (no issue)",
+            "position-dependent p", bonus=S.bonus_same_row),
+    _mutant("shared_uniform", "one uniform per row reused at every position of the block",
+            "LLMSpeculativeSampling (reseeds before each draw)", "K >= 2", uniforms=S.row_shared_uniforms),
+    _mutant("first_unverified", "the first draft token is always accepted, the others verified canonically",
+            "lattice #243", "any", accept=S.first_always_accepted(S.accept_ratio)),
+    _mutant("late_rejection", "on rejection at i, emit a draw from p_{i+1} (the target conditioned on the rejected "
+            "draft) instead of the residual of p_i", "openvino.genai #4190",
+            "any p != q, K >= 1 (bugs.md: K >= 2, context-dependent p, where it is also visible)",
+            residual=S.residual_target, residual_offset=1),
+    _mutant("continue_after_reject", "acceptances after the first rejection are counted too (n = sum of accepted "
+            "flags, not the accepted prefix): rejected drafts are emitted and the residual lands later",
+            "classic", "K >= 2", count=S.count_total),
+    _mutant("batch_row_mix", "the replacement/bonus token of row b is written into row b+1",
+            "flash-attention PR #2779", "B > 1, different rejection points", mix_rows=True),
+    _mutant("typical_accept", "Medusa typical acceptance: accept iff p(x) > min(0.09, 0.3 exp(-H(p))); "
+            "on rejection emit a draw from p", "Medusa (lossy by design)", "any",
+            accept=S.accept_typical(0.09, 0.3), residual=S.residual_target),
+    _mutant("ensemble", "accept with min(1, 1 - w + w p/q), w = 0.5, residual of the mixture: output w p + (1-w) q",
+            "HF assistant_ensemble_weight", _ANY, accept=S.accept_ensemble(0.5),
+            residual=_half_residual),
     # ---- further mutants of the same classes
-    _mutant(
-        "residual_next_row",
-        "off by one: residual (p_{i+1} - q_i)+ from the next target row",
-        "specverify (off-by-one class)",
-        "position/context-dependent p",
-        residual_offset=1,
-    ),
-    _mutant(
-        "target_row_shift",
-        "off by one: accept iff u q_i(x_i) < p_{i+1}(x_i) (target logits shifted one row)",
-        "specverify (off-by-one class)",
-        "position/context-dependent p",
-        accept=S.accept_shifted_target,
-    ),
-    _M(
-        "resample_and_continue",
-        "verifier",
-        resample_and_continue,
-        "after a rejection at i, emit a residual draw and keep verifying drafts i+1.. against target rows that "
-        "were computed on the rejected draft",
-        "classic",
-        "context-dependent p, K >= 1",
-    ),
-    _mutant(
-        "residual_bf16_cdf",
-        "residual/bonus drawn by an inverse CDF accumulated in bfloat16: tokens of mass "
-        "below ~2e-3 vanish or double, the CDF may stop short of 1 (overflow to the last id)",
-        "specverify (precision class; cf. DeepSpec #31)",
-        "residual or target with many small-mass tokens",
-        draw=S.draw_bf16_cdf,
-    ),
-    _mutant(
-        "uniform_bf16_le",
-        "uniforms drawn in bfloat16 (u = 0 w.p. 1/256) and accept iff u <= p/q: a draft "
-        "with p(x) = 0 is accepted w.p. 1/256",
-        "specverify (precision + boundary class)",
-        "target with zeros where q > 0 (top-k/top-p target)",
-        uniforms=S.bf16_uniforms,
-        accept=S.accept_ratio_le,
-    ),
-    _mutant(
-        "residual_overflow_first",
-        "inverse CDF of the unnormalised (p - q)+ as argmax(cdf > u): when u exceeds "
-        "the residual mass no entry is True and argmax returns token 0",
-        "specverify (normalisation class)",
-        "any",
-        draw=S.draw_overflow_to_first,
-    ),
-    _mutant(
-        "reuse_accept_uniform",
-        "the residual/bonus draw reuses the uniform of the last acceptance test, which that test conditioned",
-        "specverify (RNG class)",
-        "any",
-        draw=S.draw_with_accept_uniform,
-    ),
-    _mutant(
-        "rows_share_uniforms",
-        "one set of uniforms for the whole batch (acceptance and residual draw): each row's "
-        "marginal law is exact, the rows are dependent",
-        "specverify (RNG class)",
-        "B > 1, a within-batch test (histogram of one call, collisions)",
-        uniforms=S.batch_shared_uniforms,
-        draw=S.draw_batch_shared,
-    ),
-    _mutant(
-        "emitted_plus_one",
-        "num_emitted = n + 2 (capped at K+1): the unverified draft (or filler 0) after the residual is emitted",
-        "specverify (off-by-one class)",
-        "any",
-        emitted=S.emitted_plus_one,
-    ),
-    _mutant(
-        "emitted_drop_last",
-        "num_emitted = max(n, 1): the residual/bonus token is dropped whenever a draft was accepted",
-        "specverify (off-by-one class)",
-        "K >= 2",
-        emitted=S.emitted_drop_last,
-    ),
+    _mutant("residual_next_row", "off by one: residual (p_{i+1} - q_i)+ from the next target row",
+            "specverify (off-by-one class)", "position/context-dependent p", residual_offset=1),
+    _mutant("target_row_shift", "off by one: accept iff u q_i(x_i) < p_{i+1}(x_i) (target logits shifted one row)",
+            "specverify (off-by-one class)", "position/context-dependent p", accept=S.accept_shifted_target),
+    _M("resample_and_continue", "verifier", resample_and_continue,
+       "after a rejection at i, emit a residual draw and keep verifying drafts i+1.. against target rows that "
+       "were computed on the rejected draft", "classic", "context-dependent p, K >= 1"),
+    _mutant("residual_bf16_cdf", "residual/bonus drawn by an inverse CDF accumulated in bfloat16: tokens of mass "
+            "below ~2e-3 vanish or double, the CDF may stop short of 1 (overflow to the last id)",
+            "specverify (precision class; cf. DeepSpec #31)", "residual or target with many small-mass tokens",
+            draw=S.draw_bf16_cdf),
+    _mutant("uniform_bf16_le", "uniforms drawn in bfloat16 (u = 0 w.p. 1/256) and accept iff u <= p/q: a draft "
+            "with p(x) = 0 is accepted w.p. 1/256", "specverify (precision + boundary class)",
+            "target with zeros where q > 0 (top-k/top-p target)", uniforms=S.bf16_uniforms,
+            accept=S.accept_ratio_le),
+    _mutant("residual_overflow_first", "inverse CDF of the unnormalised (p - q)+ as argmax(cdf > u): when u exceeds "
+            "the residual mass no entry is True and argmax returns token 0", "specverify (normalisation class)",
+            "any", draw=S.draw_overflow_to_first),
+    _mutant("reuse_accept_uniform", "the residual/bonus draw reuses the uniform of the last acceptance test, "
+            "which that test conditioned", "specverify (RNG class)", "any", draw=S.draw_with_accept_uniform),
+    _mutant("rows_share_uniforms", "one set of uniforms for the whole batch (acceptance and residual draw): each row's "
+            "marginal law is exact, the rows are dependent", "specverify (RNG class)",
+            "B > 1, a within-batch test (histogram of one call, collisions)",
+            uniforms=S.batch_shared_uniforms, draw=S.draw_batch_shared),
+    _mutant("emitted_plus_one", "num_emitted = n + 2 (capped at K+1): the unverified draft (or filler 0) after the "
+            "residual is emitted", "specverify (off-by-one class)", "any", emitted=S.emitted_plus_one),
+    _mutant("emitted_drop_last", "num_emitted = max(n, 1): the residual/bonus token is dropped whenever a draft was "
+            "accepted", "specverify (off-by-one class)", "K >= 2", emitted=S.emitted_drop_last),
     # ---- equivalent (correct) variants
-    _M(
-        "canonical",
-        "equivalent",
-        canonical,
-        "the reference rule: accept iff u q(x) < p(x), residual (p - q)+, bonus p_{K+1}",
-        "reference.rules.verify",
-    ),
-    _M(
-        "accept_le",
-        "equivalent",
-        _composed("accept_le", "accept iff u <= p/q", accept=S.accept_ratio_le),
-        "accept iff u <= p(x)/q(x) instead of u q(x) < p(x) (differs only on a set of probability 0)",
-        "bugs.md",
-    ),
-    _M(
-        "sample_and_match",
-        "equivalent",
-        sample_and_match,
-        "y_i ~ p_i at every position; accept while x_i == y_i; emit y at the first mismatch (or y_{K+1})",
-        "bugs.md",
-        requires="one-hot q (deterministic drafter); with a stochastic q the output law is still exact "
-        "but acceptance is sum p q < sum min(p, q), which the acceptance-consistency test flags",
-    ),
-    _M(
-        "exponential_race",
-        "equivalent",
-        _composed("exponential_race", "residual/bonus by argmax(w / Exp(1))", draw=S.draw_exponential_race),
-        "residual and bonus token drawn as argmax_v w_v / E_v, E_v ~ Exp(1) i.i.d.",
-        "vLLM V1 rejection sampler",
-    ),
-    _M(
-        "residual_over_overlap",
-        "equivalent",
-        _composed(
-            "residual_over_overlap",
-            "residual (p-q)+ / (1 - sum min(p,q)), inverse CDF assuming sum 1",
-            residual=S.residual_over_overlap,
-            draw=S.draw_icdf_assume_normalised,
-        ),
-        "residual (p - q)+ normalised by 1 - sum min(p, q), drawn by an inverse CDF that assumes a normalised row",
-        "bugs.md",
-        requires="normalised p and q (row sums 1 within ~1e-6)",
-    ),
-    _M(
-        "pointmass_fallback",
-        "equivalent",
-        pointmass_fallback,
-        "vLLM's no-draft-probs path: accept iff u < p(x), residual p with x removed, i.e. the canonical rule for "
-        "q = onehot(x) whatever q was; P(y) = p(y) q(y) + p(y) (1 - q(y)) = p(y), so the law is exact for any q",
-        "vLLM #40149 (draft_probs=None fallback)",
-        requires="one-hot q (deterministic drafter); with a stochastic q "
-        "the output law is still exact but acceptance is sum p q < sum min(p, q), which the acceptance-consistency "
-        "test flags",
-    ),
-    _M(
-        "no_bonus",
-        "equivalent",
-        _composed("no_bonus", "no bonus token", emitted=S.emitted_no_bonus),
-        "when all K drafts are accepted, emit the K drafts only (num_emitted = K)",
-        "bugs.md",
-    ),
+    _M("canonical", "equivalent", canonical, "the reference rule: accept iff u q(x) < p(x), residual (p - q)+, "
+       "bonus p_{K+1}", "reference.rules.verify"),
+    _M("accept_le", "equivalent", _composed("accept_le", "accept iff u <= p/q", accept=S.accept_ratio_le),
+       "accept iff u <= p(x)/q(x) instead of u q(x) < p(x) (differs only on a set of probability 0)", "bugs.md"),
+    _M("sample_and_match", "equivalent", sample_and_match,
+       "y_i ~ p_i at every position; accept while x_i == y_i; emit y at the first mismatch (or y_{K+1})",
+       "bugs.md", requires="one-hot q (deterministic drafter); with a stochastic q the output law is still exact "
+       "but acceptance is sum p q < sum min(p, q), which the acceptance-consistency test flags"),
+    _M("exponential_race", "equivalent",
+       _composed("exponential_race", "residual/bonus by argmax(w / Exp(1))", draw=S.draw_exponential_race),
+       "residual and bonus token drawn as argmax_v w_v / E_v, E_v ~ Exp(1) i.i.d.", "vLLM V1 rejection sampler"),
+    _M("residual_over_overlap", "equivalent",
+       _composed("residual_over_overlap", "residual (p-q)+ / (1 - sum min(p,q)), inverse CDF assuming sum 1",
+                 residual=S.residual_over_overlap, draw=S.draw_icdf_assume_normalised),
+       "residual (p - q)+ normalised by 1 - sum min(p, q), drawn by an inverse CDF that assumes a normalised row",
+       "bugs.md", requires="normalised p and q (row sums 1 within ~1e-6)"),
+    _M("pointmass_fallback", "equivalent", pointmass_fallback,
+       "vLLM's no-draft-probs path: accept iff u < p(x), residual p with x removed, i.e. the canonical rule for "
+       "q = onehot(x) whatever q was; P(y) = p(y) q(y) + p(y) (1 - q(y)) = p(y), so the law is exact for any q",
+       "vLLM #40149 (draft_probs=None fallback)", requires="one-hot q (deterministic drafter); with a stochastic q "
+       "the output law is still exact but acceptance is sum p q < sum min(p, q), which the acceptance-consistency "
+       "test flags"),
+    _M("no_bonus", "equivalent", _composed("no_bonus", "no bonus token", emitted=S.emitted_no_bonus),
+       "when all K drafts are accepted, emit the K drafts only (num_emitted = K)", "bugs.md"),
 )
+# fmt: on

@@ -32,35 +32,15 @@ __all__ = ["CALIBRATION_ALPHA", "CALIBRATION_PLANS", "clopper_pearson", "run_cal
 
 CALIBRATION_ALPHA = 0.05
 #: (seeds, rows per scenario run, implementations) per tier.
+# fmt: off
 CALIBRATION_PLANS = {
     "smoke": (30, 1024, ("canonical",)),
-    "standard": (
-        200,
-        4096,
-        (
-            "canonical",
-            "accept_le",
-            "exponential_race",
-            "residual_over_overlap",
-            "no_bonus",
-            "sample_and_match",
-            "pointmass_fallback",
-        ),
-    ),
-    "deep": (
-        1000,
-        8192,
-        (
-            "canonical",
-            "accept_le",
-            "exponential_race",
-            "residual_over_overlap",
-            "no_bonus",
-            "sample_and_match",
-            "pointmass_fallback",
-        ),
-    ),
+    "standard": (200, 4096, ("canonical", "accept_le", "exponential_race", "residual_over_overlap", "no_bonus",
+                             "sample_and_match", "pointmass_fallback")),
+    "deep": (1000, 8192, ("canonical", "accept_le", "exponential_race", "residual_over_overlap", "no_bonus",
+                          "sample_and_match", "pointmass_fallback")),
 }
+# fmt: on
 
 
 def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:

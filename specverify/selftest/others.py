@@ -1,6 +1,6 @@
 """Decoder and drafter mutants in the selftest: ``check_decoder`` and ``audit_drafter`` runs.
 
-Decoder mutants (:data:`specverify.mutants.decoder.DECODER_MUTANTS`) wrap the reference
+Decoder mutants (``specverify.mutants.entries(subject="decoder")``) wrap the reference
 speculative decoder around the tiny seeded transformer pair
 (``reference.models.make_pair(vocab_size=32, seed=3, d_model=32, n_layers=2, n_heads=2,
 draft_layers=1)``, K = 3); the lossless one (``stale_context``) must pass.  Drafter
@@ -25,7 +25,7 @@ from scipy import stats as _st
 from specverify.core.results import FAIL
 from specverify.stats.power import noncentrality_needed
 
-from .verifiers import best_result, killing_test
+from .verifiers import best_result, killing_test, protocol_kill
 
 __all__ = ["power_estimate", "run_decoder_mutants", "run_drafter_mutants", "DECODER_SMOKE_SAMPLES"]
 
@@ -70,16 +70,7 @@ def _row(group, name, kind, provenance, expected_fail, report, seconds, samples_
     killed = report.verdict == FAIL
     kill = _kill_with_stats(report.results) if killed else None
     if killed and kill is None and report.errors:
-        kill = {
-            "family": "protocol",
-            "name": "protocol",
-            "scenario": "",
-            "position": "",
-            "pvalue": 0.0,
-            "adjusted_pvalue": 0.0,
-            "n": 0,
-            "details": {"error": report.errors[0]},
-        }
+        kill = protocol_kill(report.errors[0])
     needed = power_estimate(kill) if (killed and expected_fail) else None
     return {
         "group": group,
@@ -111,19 +102,19 @@ def run_decoder_mutants(*, tier: str, seed: int, alpha: float, names=None) -> li
     from reference.direct import TargetAdapter
     from reference.models import make_pair
     from specverify.decoder import TIER_PLANS, check_decoder
-    from specverify.mutants.decoder import DECODER_MUTANTS, make_decoder_mutant
+    from specverify.mutants import entries
 
     target, drafter = make_pair(vocab_size=32, seed=3, d_model=32, n_layers=2, n_heads=2, draft_layers=1)
     plan = TIER_PLANS[tier]
     num_samples = DECODER_SMOKE_SAMPLES if tier == "smoke" else None
     rows = []
-    for m in DECODER_MUTANTS:
+    for m in entries(subject="decoder"):
         if names is not None and m.name not in names:
             continue
         start = time.perf_counter()
         report = check_decoder(
-            make_decoder_mutant(m.name, target, drafter, k=3),
-            TargetAdapter(target, m.sampling),
+            m.build(target, drafter, k=3),
+            TargetAdapter(target, m.config),
             tier=tier,
             seed=seed,
             alpha=alpha,
@@ -150,24 +141,21 @@ DRAFTER_TARGET_SCENARIO = "markov8_temperature_k2"
 
 
 def run_drafter_mutants(*, tier: str, seed: int, alpha: float, names=None) -> tuple[list[dict], str]:
-    """One row per drafter mutant and honest drafter; ``([], note)`` when the module is missing."""
-    try:
-        from specverify.drafter import AUDIT_PLANS, audit_drafter
-        from specverify.mutants import drafter as dm
-    except ImportError as exc:
-        return [], f"drafter mutants skipped: {exc}"
+    """``(rows, note)``: one row per drafter mutant and honest drafter, and where they were audited."""
+    from specverify.drafter import AUDIT_PLANS, audit_drafter
+    from specverify.mutants import entries
     from specverify.verifier.scenarios import get_scenarios
 
     (scenario,) = get_scenarios([DRAFTER_TARGET_SCENARIO])
     target, _ = scenario.build()
     plan = AUDIT_PLANS[tier]
     rows = []
-    for e in tuple(dm.CATALOGUE) + tuple(getattr(dm, "EQUIVALENTS", ())):
+    for e in entries(subject="drafter"):
         if names is not None and e.name not in names:
             continue
-        mutant = e.kind == "drafter"
+        mutant = e.lossy
         start = time.perf_counter()
-        report = audit_drafter(e.factory(target), target, tier=tier, seed=seed, alpha=alpha)
+        report = audit_drafter(e.build(target), target, tier=tier, seed=seed, alpha=alpha)
         n = plan.num_prompts * plan.consistency_samples
         rows.append(
             _row(

@@ -49,6 +49,7 @@ __all__ = [
 ]
 
 #: Smoke scenarios per verifier mutant (bug class -> scenarios of the scenarios.py table, then our own).
+# fmt: off
 MUTANT_SCENARIOS: dict[str, tuple[str, ...]] = {
     "always_accept": ("pos8_uniform_k4",),
     "inverted_ratio": ("pos8_uniform_k4", "pos32_anti_inverse_k4"),
@@ -78,6 +79,7 @@ MUTANT_SCENARIOS: dict[str, tuple[str, ...]] = {
     "emitted_plus_one": ("pos8_uniform_k4",),
     "emitted_drop_last": ("pos8_uniform_k4",),
 }
+# fmt: on
 
 #: Smoke scenarios of an equivalent with no restriction.
 EQUIVALENT_SMOKE = ("pos8_uniform_k4", "markov8_temperature_k2")

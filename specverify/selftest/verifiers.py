@@ -37,6 +37,12 @@ def killing_test(results) -> dict | None:
     if not failing:
         return None
     r = min(failing, key=lambda x: (x.adjusted_pvalue if x.adjusted_pvalue is not None else 1.0, x.pvalue))
+    details = {k: v for k, v in r.details.items() if k in ("context", "error", "tokens")}
+    return {**_summary(r), "alpha_share": r.alpha, "details": details}
+
+
+def _summary(r) -> dict:
+    """Where a result stands and how strong it is, for a selftest row."""
     return {
         "family": r.family,
         "name": r.name,
@@ -45,8 +51,20 @@ def killing_test(results) -> dict | None:
         "pvalue": r.pvalue,
         "adjusted_pvalue": r.adjusted_pvalue,
         "n": r.n,
-        "alpha_share": r.alpha,
-        "details": {k: v for k, v in r.details.items() if k in ("context", "error", "tokens")},
+    }
+
+
+def protocol_kill(error: str) -> dict:
+    """The 'killing test' of a run stopped by a protocol violation (no statistic)."""
+    return {
+        "family": "protocol",
+        "name": "protocol",
+        "scenario": "",
+        "position": "",
+        "pvalue": 0.0,
+        "adjusted_pvalue": 0.0,
+        "n": 0,
+        "details": {"error": error},
     }
 
 
@@ -55,16 +73,7 @@ def best_result(results) -> dict | None:
     graded = [r for r in results if r.adjusted_pvalue is not None]
     if not graded:
         return None
-    r = min(graded, key=lambda x: (x.adjusted_pvalue, x.pvalue))
-    return {
-        "family": r.family,
-        "name": r.name,
-        "scenario": r.scenario,
-        "position": r.position,
-        "pvalue": r.pvalue,
-        "adjusted_pvalue": r.adjusted_pvalue,
-        "n": r.n,
-    }
+    return _summary(min(graded, key=lambda x: (x.adjusted_pvalue, x.pvalue)))
 
 
 def scenario_tokens(scenario, tier: str) -> int:
@@ -122,16 +131,7 @@ def run_verifier_entry(
     verdict_seconds = time.perf_counter() - start
     kill = killing_test(report.results)
     if kill is None and report.errors:
-        kill = {
-            "family": "protocol",
-            "name": "protocol",
-            "scenario": "",
-            "position": "",
-            "pvalue": 0.0,
-            "adjusted_pvalue": 0.0,
-            "n": 0,
-            "details": {"error": report.errors[0]},
-        }
+        kill = protocol_kill(report.errors[0])
     killed = report.verdict == FAIL
     row = {
         "group": "verifier" if mutant else "equivalent",

@@ -20,7 +20,7 @@ Scand. J. Statist. 6 (1979) 65-70; PractRand / TestU01 grading conventions.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from specverify.core.results import FAIL, PASS, SUSPICIOUS, TestResult
 from ._common import check_alpha
 from .power import min_detectable_tv
 
-__all__ = ["DEFAULT_FAMILY_WEIGHTS", "UNKNOWN_FAMILY_WEIGHT", "holm_adjust", "grade", "verdict"]
+__all__ = ["DEFAULT_FAMILY_WEIGHTS", "UNKNOWN_FAMILY_WEIGHT", "grade", "grade_run", "holm_adjust", "verdict"]
 
 #: Default budget share of each family (renormalised over the families present).
 #: Goodness of fit against exact laws is the primary evidence; directed tests and the
@@ -192,3 +192,15 @@ def verdict(graded_results: Iterable[TestResult]) -> str:
     if SUSPICIOUS in grades:
         return SUSPICIOUS
     return PASS
+
+
+def grade_run(
+    results: Sequence[TestResult], errors: Sequence[str], *, alpha: float
+) -> tuple[tuple[TestResult, ...], str]:
+    """Grade a run's results under one budget and give its verdict.
+
+    A run with protocol errors, or with no result at all, fails: a silent pass is never
+    the outcome of an implementation that could not be tested.
+    """
+    graded = grade(results, alpha=alpha) if results else ()
+    return tuple(graded), FAIL if errors else (verdict(graded) if graded else FAIL)

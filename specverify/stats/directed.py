@@ -19,6 +19,7 @@ the Poisson binomial distribution", CSDA 59 (2013) (refined normal approximation
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -409,7 +410,7 @@ def acceptance_test(
     var = float((probs * (1 - probs)).sum())
     sd = math.sqrt(var)
     z = (k - mu) / sd if sd > 0 else (0.0 if abs(k - mu) < 0.5 else math.copysign(math.inf, k - mu))
-    details = {
+    details: dict[str, Any] = {
         "observed": k,
         "expected": mu,
         "variance": var,

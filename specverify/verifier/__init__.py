@@ -8,7 +8,7 @@ over table models and drafters).
 
 from __future__ import annotations
 
-import importlib
+from specverify.core.lazy import lazy_getattr
 
 _LAZY = {
     name: "specverify.verifier.battery"
@@ -17,9 +17,4 @@ _LAZY = {
 
 __all__ = list(_LAZY)
 
-
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'specverify.verifier' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_getattr("specverify.verifier", _LAZY, globals())

@@ -33,6 +33,7 @@ from __future__ import annotations
 import platform
 import sys
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,7 +41,7 @@ import torch
 from reference.rules import greedy_verify
 from specverify import stats
 from specverify.core.errors import ImplementationError, InvalidArgument
-from specverify.core.results import FAIL, Report, TestResult
+from specverify.core.results import FAIL, Report, TestResult, protocol_result
 from specverify.core.tables import TableModel
 from specverify.core.validation import check_alpha, check_int, check_run_options
 from specverify.verifier.harness import HarnessRun, run_harness
@@ -91,7 +92,7 @@ def analyse_run(
 ) -> list[TestResult]:
     """All tests of one harness run (ungraded TestResults); see the module docstring."""
     results: list[TestResult] = []
-    common = dict(scenario=scenario, alpha=alpha)
+    common: dict[str, Any] = dict(scenario=scenario, alpha=alpha)
     V, C, K, L = target.vocab_size, target.num_contexts, run.k, run.length
     R = run.tokens.shape[0]
     tokens = run.tokens.numpy()
@@ -193,18 +194,28 @@ def _directed(run: HarnessRun, target, drafter, *, common, seed) -> list[TestRes
 
 
 # ------------------------------------------------------------------ running
+PROTOCOL_METHOD = (
+    "verifier output validation: shapes, dtypes, num_emitted in [1, K+1], ids in [0, V), "
+    "emitted prefix = drafts, same output for the same generator seed (exact)"
+)
+
+
 def _protocol_result(scenario: str, ok: bool, n: int, message: str = "") -> TestResult:
-    return TestResult(
-        statistic=0.0 if ok else 1.0,
-        pvalue=1.0 if ok else 0.0,
-        name="protocol",
-        family="protocol",
-        method="verifier output validation: shapes, dtypes, num_emitted in [1, K+1], ids in [0, V), "
-        "emitted prefix = drafts, same output for the same generator seed (exact)",
-        n=n,
-        scenario=scenario,
-        position="all",
-        details={"error": message} if message else {},
+    return protocol_result(scenario, None if ok else message, n, method=PROTOCOL_METHOD, position="all")
+
+
+def _drive(verify, scenario: Scenario, target, drafter, *, tier: str, seed: int) -> HarnessRun:
+    """Run the harness on one scenario, its generator seeded from (root seed, scenario name)."""
+    generator = torch.Generator().manual_seed(scenario_seed(seed, scenario.name))
+    return run_harness(
+        verify,
+        target,
+        drafter,
+        k=scenario.k,
+        batch_size=scenario.batch_size,
+        length=scenario.length,
+        generator=generator,
+        num_groups=scenario.num_groups(tier),
     )
 
 
@@ -212,18 +223,8 @@ def run_scenario(verify, scenario: Scenario, *, tier: str, seed: int, alpha: flo
     """Run one scenario: ``(results, errors, seconds)``."""
     start = time.perf_counter()
     target, drafter = scenario.build()
-    gen = torch.Generator().manual_seed(scenario_seed(seed, scenario.name))
     try:
-        run = run_harness(
-            verify,
-            target,
-            drafter,
-            k=scenario.k,
-            batch_size=scenario.batch_size,
-            length=scenario.length,
-            generator=gen,
-            num_groups=scenario.num_groups(tier),
-        )
+        run = _drive(verify, scenario, target, drafter, tier=tier, seed=seed)
     except ImplementationError as exc:
         row = f" (row {exc.row})" if exc.row is not None else ""
         message = f"{scenario.name}: {exc}{'' if str(exc).startswith('row') else row}"
@@ -236,8 +237,7 @@ def run_scenario(verify, scenario: Scenario, *, tier: str, seed: int, alpha: flo
 def _run_greedy_scenario(verify, scenario: Scenario, *, tier: str, seed: int):
     start = time.perf_counter()
     target, drafter = scenario.build()
-    gen = torch.Generator().manual_seed(scenario_seed(seed, scenario.name))
-    tally = {"calls": 0, "rows": 0, "tokens": 0, "mismatched_rows": 0, "first": None}
+    tally: dict[str, Any] = {"calls": 0, "rows": 0, "tokens": 0, "mismatched_rows": 0, "first": None}
 
     def checked(target_probs, draft_probs, draft_tokens, *, generator):
         output = verify(target_probs, draft_probs, draft_tokens, generator=generator)
@@ -261,16 +261,7 @@ def _run_greedy_scenario(verify, scenario: Scenario, *, tier: str, seed: int):
         return output
 
     try:
-        run_harness(
-            checked,
-            target,
-            drafter,
-            k=scenario.k,
-            batch_size=scenario.batch_size,
-            length=scenario.length,
-            generator=gen,
-            num_groups=scenario.num_groups(tier),
-        )
+        _drive(checked, scenario, target, drafter, tier=tier, seed=seed)
     except ImplementationError as exc:
         message = f"{scenario.name}: {exc}"
         return [_protocol_result(scenario.name, False, 0, message)], [message], time.perf_counter() - start

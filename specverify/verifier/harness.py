@@ -41,9 +41,9 @@ from dataclasses import dataclass
 import torch
 
 from reference.sampling import chunk_rows, uniform
-from specverify.core.errors import ImplementationError
 from specverify.core.tables import TableModel
 from specverify.core.validation import check_generator, check_int
+from specverify.verifier.protocol import call_verifier, check_determinism, validate_verifier_output
 
 __all__ = [
     "HarnessRun",
@@ -231,99 +231,6 @@ def _overlap_rows(target_table, draft_table, target_contexts, draft_contexts) ->
     return out
 
 
-def _describe(value) -> str:
-    shape = tuple(getattr(value, "shape", ()))
-    return f"{type(value).__name__} of shape {shape}, dtype {getattr(value, 'dtype', '?')}"
-
-
-def _as_long(name: str, value, shape) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor):
-        try:
-            value = torch.as_tensor(value)
-        except Exception:
-            raise ImplementationError(f"verifier returned {name} as {type(value).__name__}, not a tensor") from None
-    if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
-        raise ImplementationError(f"verifier returned {name} with dtype {value.dtype} (expected an integer dtype)")
-    if tuple(value.shape) != tuple(shape):
-        raise ImplementationError(f"verifier returned {name} of shape {tuple(value.shape)} (expected {tuple(shape)})")
-    return value.to(device="cpu", dtype=torch.long)
-
-
-def validate_verifier_output(output, draft_tokens: torch.Tensor, vocab_size: int):
-    """Check one verify call's output against the protocol; return ``(tokens, num_emitted)`` as long.
-
-    Checks: a pair of integer tensors of shapes (B, K+1) and (B,); ``num_emitted``
-    in [1, K+1]; emitted token ids in [0, V); the emitted draft prefix (positions
-    < num_emitted - 1) equal to the drafted tokens.  Entries past ``num_emitted``
-    are ignored, as the protocol says.
-
-    Raises
-    ------
-    ImplementationError
-        naming the offending row and values.
-    """
-    B, K = draft_tokens.shape
-    if not isinstance(output, (tuple, list)) or len(output) != 2:
-        raise ImplementationError(f"verifier must return (tokens, num_emitted), got {_describe(output)}")
-    tokens = _as_long("tokens", output[0], (B, K + 1))
-    num_emitted = _as_long("num_emitted", output[1], (B,))
-    j = torch.arange(K + 1)  # (K+1,)
-    bad_n = (num_emitted < 1) | (num_emitted > K + 1)  # (B,)
-    emitted = j[None] < num_emitted[:, None]  # (B, K+1)
-    bad_tok = emitted & ((tokens < 0) | (tokens >= vocab_size))  # (B, K+1)
-    bad_prefix = (j[None, :K] < (num_emitted[:, None] - 1)) & (tokens[:, :K] != draft_tokens)  # (B, K)
-    if not bool(bad_n.any() | bad_tok.any() | bad_prefix.any()):
-        return tokens, num_emitted
-    if bool(bad_n.any()):
-        b = int(bad_n.nonzero()[0])
-        raise ImplementationError(
-            f"row {b}: num_emitted = {int(num_emitted[b])} outside [1, K+1] = [1, {K + 1}]", row=b
-        )
-    if bool(bad_tok.any()):
-        b, i = (int(v) for v in bad_tok.nonzero()[0])
-        raise ImplementationError(
-            f"row {b}: emitted token {int(tokens[b, i])} at in-block position {i + 1} is outside the vocabulary [0, {vocab_size})",
-            row=b,
-        )
-    b, i = (int(v) for v in bad_prefix.nonzero()[0])
-    raise ImplementationError(
-        f"row {b}: emitted token {int(tokens[b, i])} at in-block position {i + 1} differs from the accepted draft "
-        f"{int(draft_tokens[b, i])} (num_emitted = {int(num_emitted[b])}: positions before the last must be drafts)",
-        row=b,
-    )
-
-
-def call_verifier(verify, target_probs, draft_probs, draft_tokens, *, generator):
-    """Call ``verify``; any exception becomes an :class:`ImplementationError`; validate the output."""
-    try:
-        output = verify(target_probs, draft_probs, draft_tokens, generator=generator)
-    except ImplementationError:
-        raise
-    except Exception as exc:  # the implementation under test may raise anything
-        raise ImplementationError(f"verifier raised {type(exc).__name__}: {exc}") from exc
-    return validate_verifier_output(output, draft_tokens, target_probs.shape[-1])
-
-
-def check_determinism(verify, target_probs, draft_probs, draft_tokens, *, seed: int) -> None:
-    """Two calls with equal generator states must give equal emitted outputs."""
-    outs = [
-        call_verifier(verify, target_probs, draft_probs, draft_tokens, generator=torch.Generator().manual_seed(seed))
-        for _ in range(2)
-    ]
-    (t1, n1), (t2, n2) = outs
-    K1 = t1.shape[1]
-    mask = torch.arange(K1)[None] < n1[:, None]
-    diff = (n1 != n2) | ((t1 != t2) & mask).any(-1)
-    if bool(diff.any()):
-        b = int(diff.nonzero()[0])
-        raise ImplementationError(
-            f"row {b}: two calls with the same generator seed {seed} gave different outputs "
-            f"({t1[b, : int(n1[b])].tolist()} vs {t2[b, : int(n2[b])].tolist()}): the verifier must draw "
-            "its randomness from the generator argument only",
-            row=b,
-        )
-
-
 def run_harness(
     verify,
     target: TableModel,
@@ -376,109 +283,41 @@ def run_harness(
     seeds = torch.randint(0, 2**62, (3,), generator=generator).tolist()
     draft_gen = torch.Generator().manual_seed(seeds[0])
     verify_gen = torch.Generator().manual_seed(seeds[1])
-    overlap = acceptance_overlap(target, drafter)  # (Ct, Cd) or None
-    overlap_flat = overlap.view(-1) if overlap is not None else None
-    Cd = drafter.num_contexts
     # Float64 CDFs of the drafter's rows, as reference.sampling.sample computes them.
     draft_sampler = _ContextSampler(torch.cumsum(drafter.table, -1))
-    t_tab = target.table32 if verifier_dtype == torch.float32 else target.table.to(verifier_dtype)
-    d_tab = drafter.table32 if verifier_dtype == torch.float32 else drafter.table.to(verifier_dtype)
+    t_tab = target.table32 if verifier_dtype == torch.float32 else target.table.to(verifier_dtype)  # (Ct, V)
+    d_tab = drafter.table32 if verifier_dtype == torch.float32 else drafter.table.to(verifier_dtype)  # (Cd, V)
     target_buffer, draft_buffer = _ReusedBuffer(t_tab.dtype), _ReusedBuffer(d_tab.dtype)
-    W = L + K + 1
-    ar = torch.arange(K + 1)  # (K+1,)
-    block_pos_row = ar + 1  # (K+1,)
+    trials = _Trials(target, drafter, K)
     start = time.perf_counter()
-    out_tokens, out_tctx, out_dctx, out_bpos = [], [], [], []
-    trial_pos, trial_prob, trial_acc = [], [], []
-    num_calls = 0
-    for group in range(G):
-        # Every position < L of a row is written (each round writes from the row's length on,
-        # and the length grows by what was emitted), so the buffers need no initialisation.
-        buf = torch.empty(B, W, dtype=torch.long)
-        tbuf = torch.empty(B, W, dtype=torch.long)
-        dbuf = torch.empty(B, W, dtype=torch.long)
-        pbuf = torch.empty(B, W, dtype=torch.long)
-        # State of the unfinished rows only (kept compact, in row order).
-        idx = torch.arange(B)  # (b,) row ids
-        lengths = torch.zeros(B, dtype=torch.long)  # (b,)
-        tcur = torch.full((B,), target.initial_context, dtype=torch.long)  # (b,)
-        dcur = torch.full((B,), drafter.initial_context, dtype=torch.long)  # (b,)
-        while idx.numel():
-            b = idx.numel()
-            # --- draft K tokens exactly from the drafter table
-            dctx = torch.empty(b, K + 1, dtype=torch.long)  # (b, K+1) drafter context before each position
-            dctx[:, 0] = dcur
-            if drafter.token_independent:
-                for i in range(K):
-                    dctx[:, i + 1] = drafter.next_context(dctx[:, i], dctx[:, i])
-                drafts = draft_sampler(dctx[:, :K], generator=draft_gen)  # (b, K)
-            else:
-                drafts = torch.empty(b, K, dtype=torch.long)
-                for i in range(K):
-                    drafts[:, i] = draft_sampler(dctx[:, i], generator=draft_gen)
-                    dctx[:, i + 1] = drafter.next_context(dctx[:, i], drafts[:, i])
-            # --- target contexts of the K+1 positions of the drafted block
-            tctx = torch.empty(b, K + 1, dtype=torch.long)  # (b, K+1)
-            tctx[:, 0] = tcur
-            for i in range(K):
-                tctx[:, i + 1] = target.next_context(tctx[:, i], drafts[:, i])
-            dctx_k = dctx[:, :K].reshape(-1)  # (b*K,)
+    groups, num_calls = [], 0
+    for _ in range(G):
+        group = _Group(target, drafter, B, L, K)
+        while group.rows.numel():
+            b = group.rows.numel()
+            drafts, dctx = _draft_block(drafter, draft_sampler, group.dcur, K, draft_gen)  # (b, K), (b, K+1)
+            tctx = _target_contexts(target, group.tcur, drafts)  # (b, K+1)
             target_probs = target_buffer.take((b, K + 1, V))  # (b, K+1, V)
             torch.index_select(t_tab, 0, tctx.view(-1), out=target_probs.view(b * (K + 1), V))
             draft_probs = draft_buffer.take((b, K, V))  # (b, K, V)
-            torch.index_select(d_tab, 0, dctx_k, out=draft_probs.view(b * K, V))
-            if group == 0 and num_calls == 0 and determinism_rows > 0:
+            torch.index_select(d_tab, 0, dctx[:, :K].reshape(-1), out=draft_probs.view(b * K, V))
+            if num_calls == 0 and determinism_rows > 0:
                 r = min(b, determinism_rows)
                 check_determinism(verify, target_probs[:r], draft_probs[:r], drafts[:r], seed=seeds[2] % 2**63)
             tokens, num_emitted = call_verifier(verify, target_probs, draft_probs, drafts.clone(), generator=verify_gen)
             del target_probs, draft_probs
             num_calls += 1
-            # --- acceptance trials
-            last_j = (num_emitted - 1)[:, None]  # (b, 1)
-            last = tokens.gather(1, last_j).squeeze(1)  # (b,)
-            last_draft = drafts.gather(1, last_j.clamp(max=K - 1)).squeeze(1)  # (b,)
-            bonus = num_emitted == K + 1
-            corrected = bonus | (last != last_draft)
-            accepted_n = torch.where(corrected, num_emitted - 1, num_emitted)  # (b,)
-            trials_n = torch.where(bonus, torch.full_like(num_emitted, K), num_emitted)  # (b,)
-            # flat indices (row-major) of the trials: the first trials_n[b] positions of row b
-            trial_at = (ar[None, :K] < trials_n[:, None]).view(-1).nonzero().squeeze(1)  # (T,)
-            trial_j = trial_at % K  # (T,) in-block position - 1
-            trial_pos.append(trial_j + 1)
-            trial_acc.append(trial_j < accepted_n.index_select(0, trial_at // K))
-            trial_tctx = tctx[:, :K].reshape(-1).index_select(0, trial_at)  # (T,)
-            trial_dctx = dctx_k.index_select(0, trial_at)  # (T,)
-            if overlap_flat is not None:
-                trial_prob.append(overlap_flat.index_select(0, torch.add(trial_dctx, trial_tctx, alpha=Cd)))
-            else:
-                trial_prob.append(_overlap_rows(target.table, drafter.table, trial_tctx, trial_dctx))
-            # --- append the emitted block (entries past num_emitted are overwritten later or cut at L)
-            flat = ((idx * W + lengths)[:, None] + ar).view(-1)  # (b*(K+1),)
-            buf.view(-1).index_copy_(0, flat, tokens.reshape(-1))
-            tbuf.view(-1).index_copy_(0, flat, tctx.view(-1))
-            d_last = dctx.gather(1, last_j).squeeze(1)  # (b,)
-            dctx[:, K] = -1  # the bonus position has no draft law
-            dbuf.view(-1).index_copy_(0, flat, dctx.view(-1))
-            pbuf.view(-1).index_copy_(0, flat, block_pos_row.repeat(b))
-            tcur = target.next_context(tctx.gather(1, last_j).squeeze(1), last)  # (b,)
-            dcur = drafter.next_context(d_last, last)  # (b,)
-            lengths = lengths + num_emitted
-            unfinished = lengths < L  # (b,)
-            if not bool(unfinished.all()):
-                keep = unfinished.nonzero().squeeze(1)  # (b',)
-                idx, lengths, tcur, dcur = idx[keep], lengths[keep], tcur[keep], dcur[keep]
-        out_tokens.append(buf[:, :L])
-        out_tctx.append(tbuf[:, :L])
-        out_dctx.append(dbuf[:, :L])
-        out_bpos.append(pbuf[:, :L])
+            trials.record(tokens, num_emitted, drafts, tctx, dctx)
+            group.append(tokens, num_emitted, tctx, dctx)
+        groups.append(group)
     return HarnessRun(
-        tokens=torch.cat(out_tokens),
-        target_contexts=torch.cat(out_tctx),
-        draft_contexts=torch.cat(out_dctx),
-        block_positions=torch.cat(out_bpos),
-        trial_positions=torch.cat(trial_pos),
-        trial_accept_probs=torch.cat(trial_prob),
-        trial_accepted=torch.cat(trial_acc),
+        tokens=torch.cat([g.tokens[:, :L] for g in groups]),
+        target_contexts=torch.cat([g.target_contexts[:, :L] for g in groups]),
+        draft_contexts=torch.cat([g.draft_contexts[:, :L] for g in groups]),
+        block_positions=torch.cat([g.block_positions[:, :L] for g in groups]),
+        trial_positions=torch.cat(trials.positions),
+        trial_accept_probs=torch.cat(trials.accept_probs),
+        trial_accepted=torch.cat(trials.accepted),
         k=K,
         batch_size=B,
         num_groups=G,
@@ -486,3 +325,113 @@ def run_harness(
         num_calls=num_calls,
         seconds=time.perf_counter() - start,
     )
+
+
+def _draft_block(drafter: TableModel, draft_sampler, dcur: torch.Tensor, K: int, generator) -> tuple:
+    """K drafts per row drawn exactly from the drafter table; ``(drafts (b, K), dctx (b, K+1))``.
+
+    ``dctx[:, i]`` is the drafter's context before position i (the last one, after the
+    K-th draft, is where the next round starts if every draft is accepted).
+    """
+    b = dcur.numel()
+    dctx = torch.empty(b, K + 1, dtype=torch.long)  # (b, K+1)
+    dctx[:, 0] = dcur
+    if drafter.token_independent:
+        for i in range(K):
+            dctx[:, i + 1] = drafter.next_context(dctx[:, i], dctx[:, i])
+        return draft_sampler(dctx[:, :K], generator=generator), dctx  # (b, K)
+    drafts = torch.empty(b, K, dtype=torch.long)  # (b, K)
+    for i in range(K):
+        drafts[:, i] = draft_sampler(dctx[:, i], generator=generator)
+        dctx[:, i + 1] = drafter.next_context(dctx[:, i], drafts[:, i])
+    return drafts, dctx
+
+
+def _target_contexts(target: TableModel, tcur: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+    """The target's context before each of the K+1 positions of the drafted block; (b, K+1)."""
+    b, K = drafts.shape
+    tctx = torch.empty(b, K + 1, dtype=torch.long)  # (b, K+1)
+    tctx[:, 0] = tcur
+    for i in range(K):
+        tctx[:, i + 1] = target.next_context(tctx[:, i], drafts[:, i])
+    return tctx
+
+
+class _Trials:
+    """Acceptance trials of every round: in-block position, exact accept probability, outcome."""
+
+    def __init__(self, target: TableModel, drafter: TableModel, K: int):
+        self.target, self.drafter, self.K = target, drafter, K
+        overlap = acceptance_overlap(target, drafter)  # (Ct, Cd) or None
+        self.overlap_flat = overlap.view(-1) if overlap is not None else None  # (Ct*Cd,)
+        self.ar = torch.arange(K)  # (K,)
+        self.positions: list[torch.Tensor] = []
+        self.accept_probs: list[torch.Tensor] = []
+        self.accepted: list[torch.Tensor] = []
+
+    def record(self, tokens, num_emitted, drafts, tctx, dctx) -> None:
+        """The trials of one round: a draft reached verification unless an earlier one was rejected."""
+        K = self.K
+        last_j = (num_emitted - 1)[:, None]  # (b, 1)
+        last = tokens.gather(1, last_j).squeeze(1)  # (b,)
+        last_draft = drafts.gather(1, last_j.clamp(max=K - 1)).squeeze(1)  # (b,)
+        bonus = num_emitted == K + 1
+        corrected = bonus | (last != last_draft)
+        accepted_n = torch.where(corrected, num_emitted - 1, num_emitted)  # (b,)
+        trials_n = torch.where(bonus, torch.full_like(num_emitted, K), num_emitted)  # (b,)
+        # flat indices (row-major) of the trials: the first trials_n[b] positions of row b
+        trial_at = (self.ar[None, :] < trials_n[:, None]).view(-1).nonzero().squeeze(1)  # (T,)
+        trial_j = trial_at % K  # (T,) in-block position - 1
+        self.positions.append(trial_j + 1)
+        self.accepted.append(trial_j < accepted_n.index_select(0, trial_at // K))
+        trial_tctx = tctx[:, :K].reshape(-1).index_select(0, trial_at)  # (T,)
+        trial_dctx = dctx[:, :K].reshape(-1).index_select(0, trial_at)  # (T,)
+        if self.overlap_flat is not None:
+            flat = torch.add(trial_dctx, trial_tctx, alpha=self.drafter.num_contexts)  # (T,)
+            self.accept_probs.append(self.overlap_flat.index_select(0, flat))
+        else:
+            self.accept_probs.append(_overlap_rows(self.target.table, self.drafter.table, trial_tctx, trial_dctx))
+
+
+class _Group:
+    """One group of B rows decoded to length L: output buffers and the state of unfinished rows.
+
+    Every position < L of a row is written (each round writes from the row's length on, and
+    the length grows by what was emitted), so the buffers need no initialisation.
+    """
+
+    def __init__(self, target: TableModel, drafter: TableModel, B: int, L: int, K: int):
+        self.target, self.drafter, self.K = target, drafter, K
+        self.W = L + K + 1
+        self.L = L
+        self.tokens = torch.empty(B, self.W, dtype=torch.long)  # (B, W)
+        self.target_contexts = torch.empty(B, self.W, dtype=torch.long)  # (B, W)
+        self.draft_contexts = torch.empty(B, self.W, dtype=torch.long)  # (B, W)
+        self.block_positions = torch.empty(B, self.W, dtype=torch.long)  # (B, W)
+        self.ar = torch.arange(K + 1)  # (K+1,)
+        # State of the unfinished rows only (kept compact, in row order).
+        self.rows = torch.arange(B)  # (b,) row ids
+        self.lengths = torch.zeros(B, dtype=torch.long)  # (b,)
+        self.tcur = torch.full((B,), target.initial_context, dtype=torch.long)  # (b,)
+        self.dcur = torch.full((B,), drafter.initial_context, dtype=torch.long)  # (b,)
+
+    def append(self, tokens, num_emitted, tctx, dctx) -> None:
+        """Write the emitted block (entries past num_emitted are overwritten later or cut at L)."""
+        b, K = tokens.shape[0], self.K
+        last_j = (num_emitted - 1)[:, None]  # (b, 1)
+        last = tokens.gather(1, last_j).squeeze(1)  # (b,)
+        flat = ((self.rows * self.W + self.lengths)[:, None] + self.ar).view(-1)  # (b*(K+1),)
+        self.tokens.view(-1).index_copy_(0, flat, tokens.reshape(-1))
+        self.target_contexts.view(-1).index_copy_(0, flat, tctx.view(-1))
+        d_last = dctx.gather(1, last_j).squeeze(1)  # (b,)
+        dctx[:, K] = -1  # the bonus position has no draft law
+        self.draft_contexts.view(-1).index_copy_(0, flat, dctx.view(-1))
+        self.block_positions.view(-1).index_copy_(0, flat, (self.ar + 1).repeat(b))
+        self.tcur = self.target.next_context(tctx.gather(1, last_j).squeeze(1), last)  # (b,)
+        self.dcur = self.drafter.next_context(d_last, last)  # (b,)
+        self.lengths = self.lengths + num_emitted
+        unfinished = self.lengths < self.L  # (b,)
+        if not bool(unfinished.all()):
+            keep = unfinished.nonzero().squeeze(1)  # (b',)
+            self.rows, self.lengths = self.rows[keep], self.lengths[keep]
+            self.tcur, self.dcur = self.tcur[keep], self.dcur[keep]
