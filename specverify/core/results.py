@@ -233,6 +233,7 @@ class Report:
             )
         return "\n".join(lines)
 
+
 def protocol_result(scenario: str, error: str | None, n: int, *, method: str, position: str = "") -> TestResult:
     """The exact (not statistical) record of an implementation's protocol checks.
 
