@@ -401,3 +401,85 @@ def markov_speculative_law(
         states = new
     total = sum((s for s in states if s is not None), zero)
     return total.reshape((V,) * L)
+
+
+# --------------------------------------------------------------------------- lossy rules (issue 13)
+
+
+def ensemble_rule(weight: float) -> VerificationRule:
+    """HF ``assistant_ensemble_weight = w``: accept with ``min(1, 1 - w + w p/q)``, residual ``(p - q)+``.
+
+    The step law is ``w p + (1 - w) q`` (so ``TV = (1 - w) TV(p, q)``); the bonus comes from p.
+    ``w = 1`` is the canonical rule.
+    """
+    w = float(weight)
+    if not 0.0 <= w <= 1.0:
+        raise InvalidArgument(f"weight must be in [0, 1], got {weight!r}")
+
+    def accept(target: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
+        # (1 - w) + w p/q without dividing by q = 0 (such tokens are never drafted)
+        safe = torch.where(draft > 0, draft, torch.ones_like(draft))
+        ratio = torch.where(draft > 0, target / safe, (target > 0).to(target.dtype))
+        return ((1.0 - w) + w * ratio).clamp(max=1.0)
+
+    return VerificationRule(f"ensemble_w{w:g}", accept, _canonical_residual)
+
+
+def typical_threshold(target_probs: torch.Tensor, *, eps: float, delta: float, entropy_offset: float = 0.0):
+    """Medusa's typical-acceptance threshold ``min(eps, delta exp(-H(p)))`` per row, shape (...).
+
+    ``H(p) = -sum p log(p + entropy_offset)`` (Medusa's code uses ``entropy_offset = 1e-5``).
+    """
+    p = target_probs.to(torch.float64)
+    logs = torch.log(p + entropy_offset) if entropy_offset > 0 else torch.log(torch.where(p > 0, p, 1.0))
+    entropy = -(p * logs).sum(-1)  # (...,)
+    return torch.clamp(delta * torch.exp(-entropy), max=float(eps))
+
+
+def typical_rule(eps: float = 0.09, delta: float = 0.3, *, entropy_offset: float = 0.0) -> VerificationRule:
+    """Medusa typical acceptance as a chain rule: accept x iff ``p(x) > min(eps, delta exp(-H(p)))``.
+
+    On rejection the next token is drawn from p truncated to ``p >= threshold``
+    (``get_typical_one_token``).  The bonus of Medusa is truncated too, which a
+    :class:`VerificationRule` cannot say: use :func:`chain_laws` with a truncated bonus row.
+    """
+    if not (float(eps) > 0 and float(delta) > 0):
+        raise InvalidArgument(f"eps and delta must be > 0, got eps={eps!r}, delta={delta!r}")
+
+    def threshold(target):
+        return typical_threshold(target, eps=eps, delta=delta, entropy_offset=entropy_offset)[..., None]
+
+    def accept(target: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
+        return (target > threshold(target)).to(torch.float64)
+
+    def residual(target: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
+        return torch.where(target >= threshold(target), target, torch.zeros_like(target))
+
+    return VerificationRule(f"typical_eps{eps:g}_delta{delta:g}", accept, residual)
+
+
+def chain_laws(step_laws, continue_probs, bonus_law) -> torch.Tensor:
+    """Compose per-position laws of one verifier call from per-step pieces.
+
+    Parameters
+    ----------
+    step_laws : Tensor, shape (..., K, V)
+        Law of the token emitted at draft position i given that position i is reached.
+    continue_probs : Tensor, shape (..., K)
+        Probability that the draft at position i is accepted (the block continues).
+    bonus_law : Tensor, shape (..., V)
+        Law of the token after K acceptances.
+
+    Returns
+    -------
+    Tensor, shape (..., K+1, V), float64
+        P(position i is emitted and equals y), as :func:`position_laws`.
+    """
+    steps = step_laws.to(torch.float64)
+    cont = continue_probs.to(torch.float64)
+    reach = torch.cat([torch.ones_like(cont[..., :1]), cont], -1).cumprod(-1)  # (..., K+1)
+    laws = torch.cat([steps, bonus_law.to(torch.float64)[..., None, :]], -2)  # (..., K+1, V)
+    return reach[..., None] * laws
+
+
+__all__ += ["ensemble_rule", "typical_threshold", "typical_rule", "chain_laws"]

@@ -1,0 +1,146 @@
+"""sparse_test (specverify.stats.sparse): calibration under exact sampling, power on sparse moves.
+
+Calibration: the rejection rate at alpha is at most alpha (exact binomial bound at
+META_ALPHA = 1e-6) on flat, Zipf, dominant and many-zeros laws, and for pooled contexts.
+Power: a 0.01 point-mass move on Zipf(V=1000), which the chi-square needs ~8x the
+likelihood-ratio limit to see, is caught by chi-square + sparse under one budget
+(alpha/2 each) at ~2.3x the limit, while smooth deviations keep the chi-square's power.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+from svstats_helpers import META_ALPHA, dominant, flat, many_zeros, min_successes, mixture, move_mass, zipf
+
+from specverify.core.errors import InvalidArgument
+from specverify.stats import gof_test
+from specverify.stats.sparse import sparse_test, token_tail_pvalues
+
+ALPHA = 1e-3
+
+
+def _max_rejections(reps, rate):
+    return int(stats.binom.isf(META_ALPHA, reps, rate))
+
+
+def _rates(pvalues, levels=(0.01, 0.05)):
+    return {a: int((np.asarray(pvalues) <= a).sum()) for a in levels}
+
+
+SHAPES = {
+    "flat64": (flat(64), 2000, 1000),
+    "zipf1000": (zipf(1000), 3000, 1000),
+    "dominant": (dominant(), 500, 1000),
+    "zeros": (many_zeros(), 2000, 1000),
+    "zipf32k_small_n": (zipf(32000), 1000, 200),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_calibrated_under_exact_sampling(shape):
+    p, n, reps = SHAPES[shape]
+    rng = np.random.default_rng(11)
+    pvalues = [sparse_test(rng.multinomial(n, p), p).pvalue for _ in range(reps)]
+    for level, count in _rates(pvalues).items():
+        assert count <= _max_rejections(reps, level), f"{shape}: {count}/{reps} p-values <= {level}"
+
+
+def test_calibrated_for_pooled_contexts():
+    rng = np.random.default_rng(12)
+    rows = np.array([zipf(200, s) for s in (0.8, 1.1, 1.5)])  # (3, V)
+    sizes = np.array([300, 700, 1000])
+    expected = (sizes[:, None] * rows).sum(0)  # sum of per-sample conditionals
+    pvalues = [
+        sparse_test(sum(rng.multinomial(m, r) for m, r in zip(sizes, rows)), expected).pvalue for _ in range(1000)
+    ]
+    for level, count in _rates(pvalues).items():
+        assert count <= _max_rejections(1000, level), f"pooled: {count}/1000 p-values <= {level}"
+
+
+def _power(p, q, n, reps, rng, *, combined):
+    hits = 0
+    for _ in range(reps):
+        counts = rng.multinomial(n, q)
+        if combined:  # chi-square and sparse under one budget: alpha/2 each (Holm's first step)
+            hits += min(gof_test(counts, p).pvalue, sparse_test(counts, p).pvalue) <= ALPHA / 2
+        else:
+            hits += gof_test(counts, p).pvalue <= ALPHA
+    return hits
+
+
+def test_point_mass_move_is_caught_where_chi_square_is_not():
+    p = zipf(1000)
+    q = move_mass(p, 0.01)  # 0.01 from the top token to the 4th; LR limit 6471 samples
+    rng = np.random.default_rng(13)
+    reps, n = 100, 20000
+    both = _power(p, q, n, reps, rng, combined=True)
+    chi2 = _power(p, q, n, reps, rng, combined=False)
+    assert both >= min_successes(reps, 0.9), f"chi-square + sparse caught {both}/{reps} at n={n}"
+    assert chi2 <= reps // 2, f"chi-square alone caught {chi2}/{reps} at n={n} (expected ~0.3)"
+
+
+def test_smooth_deviation_keeps_chi_square_power():
+    p = zipf(1000)
+    q = mixture(p, 0.1)
+    rng = np.random.default_rng(14)
+    reps, n = 200, 700  # the chi-square alone needs ~575 for power 0.9, the combination ~625
+    both = _power(p, q, n, reps, rng, combined=True)
+    assert both >= min_successes(reps, 0.9), f"chi-square + sparse caught {both}/{reps} at n={n}"
+
+
+def test_rare_token_point_mass_is_decisive():
+    p = zipf(32000)
+    q = p.copy()
+    q[0] -= 0.003
+    q[20000] += 0.003  # p ~ 1e-6 there
+    counts = np.random.default_rng(15).multinomial(5000, q)
+    r = sparse_test(counts, p)
+    assert r.pvalue < 1e-20 and r.details["token"] == 20000 and r.details["side"] == "over"
+    assert gof_test(counts, p).pvalue > r.pvalue
+
+
+def test_tails_are_exact_binomial():
+    p = np.array([0.5, 0.3, 0.15, 0.05])
+    counts = np.array([40.0, 35.0, 20.0, 5.0])
+    upper, lower = token_tail_pvalues(counts, p, 100)
+    assert upper[1] == pytest.approx(stats.binom.sf(34, 100, 0.3))
+    assert lower[0] == pytest.approx(stats.binom.cdf(40, 100, 0.5))
+    assert upper[0] == 1.0 and lower[1] == 1.0  # the one-unit margin: no tail on the other side
+    assert upper[3] == 1.0 and lower[3] == 1.0  # |o - np| < 1
+
+
+def test_degenerate_and_bad_input():
+    assert sparse_test([0, 0], [0.5, 0.5]).pvalue == 1.0
+    assert sparse_test([5, 3], [1.0, 0.0]).pvalue == 1.0  # zeros are the support test's job
+    with pytest.raises(InvalidArgument, match="counts"):
+        sparse_test([1, -1], [0.5, 0.5])
+    with pytest.raises(InvalidArgument, match="shape"):
+        sparse_test([1, 1, 1], [0.5, 0.5])
+    with pytest.raises(InvalidArgument, match="alpha"):
+        sparse_test([1, 1], [0.5, 0.5], alpha=2.0)
+
+
+@pytest.mark.parametrize(("p", "n"), [([0.6, 0.3, 0.1], 12), ([0.4, 0.3, 0.2, 0.1], 9), ([0.9, 0.05, 0.05], 30)])
+def test_pvalue_super_uniform_by_enumeration(p, n):
+    """Exact: P(pvalue <= a) <= a for every attainable a, summing over every count vector."""
+    p = np.asarray(p)
+    V = p.size
+
+    def vectors(total, parts):
+        if parts == 1:
+            yield (total,)
+            return
+        for first in range(total + 1):
+            for rest in vectors(total - first, parts - 1):
+                yield (first, *rest)
+
+    table = [(sparse_test(np.array(c), p).pvalue, stats.multinomial.pmf(c, n, p)) for c in vectors(n, V)]
+    pvalues = np.array([t[0] for t in table])
+    probs = np.array([t[1] for t in table])
+    order = np.argsort(pvalues, kind="stable")
+    cumulative = np.cumsum(probs[order])
+    # at each distinct p-value a, the mass of {pvalue <= a}
+    last = np.r_[pvalues[order][1:] != pvalues[order][:-1], True]
+    assert np.all(cumulative[last] <= pvalues[order][last] + 1e-12), "P(pvalue <= a) > a somewhere"

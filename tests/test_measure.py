@@ -1,0 +1,179 @@
+"""measure_divergence and ``specverify measure``: per-position TV intervals of lossy rules.
+
+The HF ensemble rule (reference.lossy) declares the per-position law ``w p + (1 - w) q``;
+its exact TV from the target is ``(1 - w) TV(p, q)`` at every draft position (0 at the
+bonus position), averaged over the observed contexts.  Every reported interval must
+contain it, the samples must conform to the declared law, and a mis-declared weight must
+fail the conformance check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from reference import lossy
+from reference.rules import verify as canonical_verify
+from specverify.cli import measure as measure_cli
+from specverify.core.errors import InvalidArgument
+from specverify.verifier.measure import measure_divergence
+from specverify.verifier.scenarios import get_scenarios
+
+LEVEL = 0.99
+
+
+def _strata(result):
+    return result.by_block + result.by_position
+
+
+def test_ensemble_intervals_contain_exact_tv():
+    w = 0.5
+    v = lossy.ensemble(w)
+    result = measure_divergence(
+        v, scenario="pos8_uniform_k4", seed=0, level=LEVEL, declared_law=v.declared_law, batch_size=2048
+    )
+    target, drafter = get_scenarios(["pos8_uniform_k4"])[0].build()
+    # abs=1 is always the first draft position: one context, the closed form itself
+    first = result.by_position[0]
+    closed = (1 - w) * 0.5 * float((target.table[0] - drafter.table[0]).abs().sum())
+    assert first.declared_tv == pytest.approx(closed, abs=1e-12)
+    for s in _strata(result):
+        e = s.estimate
+        assert e.tv_lower <= s.declared_tv <= e.tv_upper, (
+            f"{s.stratum}: exact TV {s.declared_tv:.4f} outside [{e.tv_lower:.4f}, {e.tv_upper:.4f}] (n={e.n}, seed 0)"
+        )
+        assert e.tv_upper - e.tv_lower < 0.08  # informative at V = 8
+    bonus = result.by_block[-1]
+    assert bonus.declared_tv == pytest.approx(0.0, abs=1e-12) and bonus.estimate.tv_lower == 0.0
+    assert result.conformance_verdict in ("pass", "suspicious")
+    assert 1.0 < result.tokens_per_pass < 5.0
+
+
+def test_ensemble_with_context_dependent_target():
+    v = lossy.ensemble(0.3)
+    result = measure_divergence(v, scenario="markov8_temperature_k2", level=LEVEL, declared_law=v.declared_law)
+    for s in _strata(result):
+        e = s.estimate
+        assert e.num_contexts > 1 or s.stratum in ("abs=1", "block=1")
+        assert e.tv_lower <= s.declared_tv <= e.tv_upper, f"{s.stratum}: {s.declared_tv} vs {e}"
+
+
+def test_lossless_reference_measures_zero():
+    result = measure_divergence(canonical_verify, scenario="pos16_noisy_k1", level=LEVEL, batch_size=2048)
+    for s in _strata(result):
+        assert s.declared_tv is None
+        assert abs(s.estimate.tv) < 0.02 and s.estimate.tv_lower == 0.0 and not s.estimate.support_failure
+
+
+def test_misdeclared_weight_fails_conformance():
+    result = measure_divergence(
+        lossy.ensemble(0.3), scenario="pos8_uniform_k4", declared_law=lossy.ensemble(0.5).declared_law, batch_size=1024
+    )
+    assert result.conformance_verdict == "fail"
+    assert any(r.grade == "fail" and r.name == "declared_gof" for r in result.conformance)
+
+
+def _parser():
+    parser = argparse.ArgumentParser(prog="specverify")
+    measure_cli.add_parser(parser.add_subparsers(dest="command"))
+    return parser
+
+
+def test_cli_measure_writes_results(tmp_path, capsys):
+    args = _parser().parse_args(
+        ["measure", "--verifier", "reference.lossy:ensemble", "--verifier-option", "weight=0.5",
+         "--scenario", "pos2_least_likely_k2", "--level", "0.99", "--out", str(tmp_path)]
+    )  # fmt: skip
+    assert measure_cli.run(args) == 0
+    data = json.loads((tmp_path / "measure.json").read_text())
+    assert data["scenario"] == "pos2_least_likely_k2" and data["conformance_verdict"] in ("pass", "suspicious")
+    for s in data["by_block"] + data["by_position"]:
+        assert s["estimate"]["tv_lower"] <= s["declared_tv"] <= s["estimate"]["tv_upper"]
+    assert "tokens per target pass" in (tmp_path / "measure.txt").read_text()
+    assert "block=1" in capsys.readouterr().out
+
+
+def test_cli_measure_exit_status(capsys):
+    parser = _parser()
+    bad = parser.parse_args(["measure", "--verifier", "reference.lossy:ensemble", "--verifier-option", "wt=1"])
+    assert measure_cli.run(bad) == 2
+    assert "wt" in capsys.readouterr().err
+    wrong = parser.parse_args(
+        ["measure", "--verifier", "reference.lossy:ensemble", "--verifier-option", "weight=0.2",
+         "--declared-law", "reference.lossy:ensemble_declared_law", "--declared-option", "weight=0.6",
+         "--scenario", "pos2_least_likely_k2"]
+    )  # fmt: skip
+    assert measure_cli.run(wrong) == 1
+
+
+def test_bad_arguments():
+    target, drafter = get_scenarios(["pos8_uniform_k4"])[0].build()
+    with pytest.raises(InvalidArgument, match="scenario"):
+        measure_divergence(canonical_verify, scenario="pos8_uniform_k4", target=target, drafter=drafter, k=2)
+    with pytest.raises(InvalidArgument, match="tier"):
+        measure_divergence(canonical_verify, tier="huge")
+    with pytest.raises(InvalidArgument, match="declared_law"):
+        measure_divergence(canonical_verify, declared_law=3)
+    with pytest.raises(InvalidArgument, match="unknown scenario"):
+        measure_divergence(canonical_verify, scenario="nope")
+
+
+@pytest.mark.slow
+def test_harness_coverage_over_seeds():
+    """Over 40 seeds x 13 strata, the 95% intervals of the ensemble rule miss the exact TV
+    on each side at most at their nominal 2.5% rate (exact binomial bound at 1e-6)."""
+    from scipy import stats
+
+    target, drafter = get_scenarios(["pos8_uniform_k4"])[0].build()
+    v = lossy.ensemble(0.25)
+    low = high = total = 0
+    for seed in range(40):
+        result = measure_divergence(
+            v, target=target, drafter=drafter, k=4, seed=seed, declared_law=v.declared_law, length=8
+        )
+        for s in _strata(result):
+            total += 1
+            low += s.estimate.tv_lower > s.declared_tv
+            high += s.estimate.tv_upper < s.declared_tv
+    bound = int(stats.binom.isf(1e-6, total, 0.025))
+    assert low <= bound and high <= bound, f"misses: lower {low}, upper {high} of {total} (bound {bound})"
+
+
+def _hf_kernel():
+    pytest.importorskip("transformers")
+    hf_kernel = pytest.importorskip("specverify.adapters.hf_kernel")
+    if hf_kernel.KERNEL_PROBLEM is not None or "assistant_ensemble_weight" not in hf_kernel.KERNEL_PARAMETERS:
+        pytest.skip("this transformers' _speculative_sampling has no assistant_ensemble_weight")
+    return hf_kernel
+
+
+def test_hf_ensemble_control_intervals_contain_exact_tv():
+    """The HF kernel itself with assistant_ensemble_weight = 0.5: TV = 0.5 TV(p, q) per position."""
+    hf_kernel = _hf_kernel()
+    verify = hf_kernel.SpeculativeSamplingVerifier(assistant_ensemble_weight=0.5).verify
+    result = measure_divergence(
+        verify, scenario="pos8_uniform_k4", level=LEVEL, batch_size=256, declared_law=lossy.ensemble(0.5).declared_law
+    )
+    for s in _strata(result):
+        e = s.estimate
+        assert e.tv_lower <= s.declared_tv <= e.tv_upper, (
+            f"{s.stratum}: {s.declared_tv:.4f} vs [{e.tv_lower}, {e.tv_upper}]"
+        )
+    assert result.conformance_verdict in ("pass", "suspicious")
+
+
+@pytest.mark.slow
+def test_hf_ensemble_control_cli(tmp_path):
+    _hf_kernel()
+    args = _parser().parse_args(
+        ["measure", "--verifier", "specverify.adapters.hf_kernel:SpeculativeSamplingVerifier",
+         "--verifier-option", "assistant_ensemble_weight=0.5",
+         "--declared-law", "reference.lossy:ensemble_declared_law", "--declared-option", "weight=0.5",
+         "--out", str(tmp_path)]
+    )  # fmt: skip
+    assert measure_cli.run(args) == 0
+    data = json.loads((tmp_path / "measure.json").read_text())
+    for s in data["by_block"] + data["by_position"]:
+        assert s["estimate"]["tv_lower"] <= s["declared_tv"] <= s["estimate"]["tv_upper"], s["stratum"]
