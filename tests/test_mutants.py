@@ -272,7 +272,7 @@ def test_catalogue_is_complete_and_well_formed():
         assert e.description and e.provenance and callable(e.fn), e
     for e in VERIFIER_ENTRIES:
         assert (e.kind == "verifier") == bool(e.needs) == e.lossy, e.name
-    assert {e.subject for e in CATALOGUE} == {"verifier", "drafter", "decoder"}
+    assert {e.subject for e in CATALOGUE} == {"verifier", "drafter", "decoder", "tree"}
     assert entries(subject="verifier") == entries("verifier") + entries("equivalent")
     assert by_name("ensemble").kind == "verifier"
     with pytest.raises(InvalidArgument, match="nope"):

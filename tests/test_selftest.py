@@ -59,6 +59,7 @@ def small_result():
         scenarios=[SCENARIO],
         decoders=False,
         drafters=False,
+        trees=False,
         lr=True,
         lr_rows=2048,
         calibration_options=dict(seeds=2, rows=256, scenarios=[SCENARIO]),

@@ -30,6 +30,7 @@ SUBJECTS: dict[str, tuple[str, str]] = {  # subject -> (mutant kind, equivalent 
     "verifier": ("verifier", "equivalent"),
     "drafter": ("drafter", "drafter_equivalent"),
     "decoder": ("decoder", "decoder_equivalent"),
+    "tree": ("tree_verifier", "tree_equivalent"),
 }
 KINDS = tuple(kind for pair in SUBJECTS.values() for kind in pair)
 
@@ -59,7 +60,8 @@ class CatalogueEntry:
     needs : str
         Mutants: the scenario that makes the loss visible (empty for equivalents).
     requires : str
-        Equivalents: the scenarios on which the variant is correct (empty: any).
+        Equivalents: the scenarios on which the variant is correct (empty: any).  Tree
+        entries: the tree scenarios on which the entry's base rule is lossless.
     caught_by : str
         Drafters: the consistency test expected to catch the mutant.
     config : object
@@ -92,7 +94,7 @@ class CatalogueEntry:
 
     def build(self, *args: Any, **options: Any) -> Any:
         """The drafter or decoder of this entry (``config`` as ``sampling`` unless given)."""
-        if self.subject == "verifier":
+        if self.subject in ("verifier", "tree"):
             raise InvalidArgument(f"entry {self.name!r} is a verifier: call entry.fn, there is nothing to build")
         if self.subject == "decoder":
             options.setdefault("sampling", self.config)
@@ -102,9 +104,10 @@ class CatalogueEntry:
 def _build() -> tuple[CatalogueEntry, ...]:
     from specverify.mutants.decoder import ENTRIES as decoder_entries
     from specverify.mutants.drafter import ENTRIES as drafter_entries
+    from specverify.mutants.tree import ENTRIES as tree_entries
     from specverify.mutants.verifier import ENTRIES as verifier_entries
 
-    entries_ = tuple(verifier_entries) + tuple(drafter_entries) + tuple(decoder_entries)
+    entries_ = tuple(verifier_entries) + tuple(drafter_entries) + tuple(decoder_entries) + tuple(tree_entries)
     names = [e.name for e in entries_]
     duplicated = sorted({n for n in names if names.count(n) > 1})
     if duplicated:
@@ -138,6 +141,6 @@ def __getattr__(name: str):
     e.g. ``specverify audit --verifier specverify.mutants:residual_is_p``.
     """
     for entry in CATALOGUE:
-        if entry.name == name and entry.subject == "verifier":
+        if entry.name == name and entry.subject in ("verifier", "tree"):
             return entry.fn
     raise AttributeError(f"module 'specverify.mutants' has no attribute {name!r}")

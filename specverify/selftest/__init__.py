@@ -7,13 +7,15 @@
    (the full battery in standard): verdict, the killing test (family / name / scenario /
    position, adjusted p), the samples needed (doubling schedule, :mod:`.verifiers`) and
    the time;
-2. ``check_decoder`` on the decoder mutants and ``audit_drafter`` on the drafter
-   mutants and honest drafters (:mod:`.others`);
+2. ``check_decoder`` on the decoder mutants, ``audit_drafter`` on the drafter mutants and
+   honest drafters, and ``check_tree_verifier`` on the tree mutants and tree equivalents
+   (:mod:`.others`; tree scenarios per entry in :mod:`.plan`);
 3. a calibration run at alpha = 0.05 (:mod:`.calibration`);
 4. optionally (``lr=True``; on with ``--matrix`` and in the standard tier) the
    likelihood-ratio limit per verifier mutant (:mod:`specverify.selftest.lr_limit`),
    and (``peers=True``, on with ``--matrix``) the three peer tests of
-   :mod:`specverify.selftest.peers` on every verifier entry, for the Markdown matrix
+   :mod:`specverify.selftest.peers` on every verifier entry and every tree entry (as a
+   one-path tree, :mod:`specverify.verifier.tree.chain`), for the Markdown matrix
    (:mod:`.render`).
 
 ``main(tier, seed, as_json, matrix_path) -> int`` is the CLI entry: exit status 1 if a
@@ -31,7 +33,7 @@ from specverify.core.validation import check_alpha, check_int
 from specverify.verifier.scenarios import TIERS
 
 from .calibration import run_calibration
-from .others import run_decoder_mutants, run_drafter_mutants
+from .others import run_decoder_mutants, run_drafter_mutants, run_tree_entries
 from .render import render_json, render_markdown, render_text
 from .verifiers import run_verifier_entry
 
@@ -108,6 +110,31 @@ class SelftestResult:
         }
 
 
+def _tree_entries_as_chains() -> tuple:
+    """Tree entries as chain verifiers (one path per tree), for the peers' chain tests.
+
+    Sibling rules run as mode "iid" (SpecInfer on one child = the canonical chain rule),
+    SGLang's coin rules as mode "any" (sample-and-match); kinds map to verifier/equivalent.
+    """
+    import dataclasses
+
+    from specverify import mutants
+    from specverify.verifier.tree.chain import as_chain_verifier
+
+    out = []
+    for e in mutants.entries(subject="tree"):
+        mode = "any" if e.requires == _topk_or_any() else "iid"
+        kind = "verifier" if e.lossy else "equivalent"
+        out.append(dataclasses.replace(e, kind=kind, fn=as_chain_verifier(e.fn, mode=mode), name=f"tree:{e.name}"))
+    return tuple(out)
+
+
+def _topk_or_any() -> str:
+    from specverify.mutants.tree import TOPK_OR_ANY
+
+    return TOPK_OR_ANY
+
+
 def _peer_rows(entries, seed: int) -> tuple:
     from specverify.selftest.peers import peer_matrix
 
@@ -134,6 +161,7 @@ def run_selftest(
     equivalents=None,
     decoders: bool = True,
     drafters: bool = True,
+    trees: bool = True,
     calibration: bool = True,
     lr: bool = False,
     peers: bool = False,
@@ -154,7 +182,7 @@ def run_selftest(
     verifiers, equivalents : sequence of CatalogueEntry, optional
         Entries expected to fail / to pass (default: the catalogue's ``verifier`` /
         ``equivalent`` entries).  Each needs ``name, kind, fn, provenance, needs, requires``.
-    decoders, drafters, calibration, lr, peers, schedule : bool
+    decoders, drafters, trees, calibration, lr, peers, schedule : bool
         Switch the parts on or off.
     scenarios : sequence of str, optional
         Override the scenario plan for every verifier entry.
@@ -194,6 +222,9 @@ def run_selftest(
     if decoders:
         say("decoder mutants")
         rows += run_decoder_mutants(tier=tier, seed=seed, alpha=alpha)
+    if trees:
+        say("tree verifier mutants")
+        rows += run_tree_entries(tier=tier, seed=seed, alpha=alpha)
     if drafters:
         say("drafter mutants")
         drafter_rows, note = run_drafter_mutants(tier=tier, seed=seed, alpha=alpha)
@@ -206,7 +237,7 @@ def run_selftest(
     peer_rows = None
     if peers:
         say("peers")
-        peer_rows = _peer_rows(verifiers + equivalents, seed)
+        peer_rows = _peer_rows(verifiers + equivalents + (_tree_entries_as_chains() if trees else ()), seed)
     return SelftestResult(
         rows=tuple(rows),
         calibration=cal,

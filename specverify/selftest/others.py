@@ -27,7 +27,7 @@ from specverify.stats.power import noncentrality_needed
 
 from .verifiers import best_result, killing_test, protocol_kill
 
-__all__ = ["power_estimate", "run_decoder_mutants", "run_drafter_mutants", "DECODER_SMOKE_SAMPLES"]
+__all__ = ["DECODER_SMOKE_SAMPLES", "power_estimate", "run_decoder_mutants", "run_drafter_mutants", "run_tree_entries"]
 
 #: Continuations per prompt for decoder mutants in the smoke tier (the tier default is 4000).
 DECODER_SMOKE_SAMPLES = 1000
@@ -171,3 +171,25 @@ def run_drafter_mutants(*, tier: str, seed: int, alpha: float, names=None) -> tu
             )
         )
     return rows, f"drafters audited against the target of {DRAFTER_TARGET_SCENARIO} with the canonical verifier"
+
+
+def run_tree_entries(*, tier: str, seed: int, alpha: float, names=None) -> list[dict]:
+    """One row per tree catalogue entry: mutants must fail, equivalents pass, on their scenarios."""
+    from specverify.mutants import entries
+    from specverify.selftest.plan import tree_entry_scenarios
+    from specverify.verifier.tree.battery import check_tree_verifier
+
+    rows = []
+    for e in entries(subject="tree"):
+        if names is not None and e.name not in names:
+            continue
+        start = time.perf_counter()
+        scenarios = tree_entry_scenarios(e, tier)
+        report = check_tree_verifier(e.fn, tier=tier, seed=seed, alpha=alpha, scenarios=scenarios)
+        n = sum(s["rows_total"] * s["length"] for s in report.scenarios)
+        group = "tree" if e.lossy else "tree_equivalent"
+        row = _row(
+            group, e.name, e.kind, e.provenance, e.lossy, report, time.perf_counter() - start, n, note=e.description
+        )
+        rows.append({**row, "needs": e.needs, "requires": e.requires})
+    return rows

@@ -46,6 +46,8 @@ __all__ = [
     "mutant_scenarios",
     "equivalent_scenarios",
     "CALIBRATION_SCENARIOS",
+    "TREE_MUTANT_SCENARIOS",
+    "tree_entry_scenarios",
 ]
 
 #: Smoke scenarios per verifier mutant (bug class -> scenarios of the scenarios.py table, then our own).
@@ -113,3 +115,35 @@ def equivalent_scenarios(requires: str, tier: str) -> tuple[str, ...]:
     if tier == "smoke":
         return _known(EQUIVALENT_SMOKE) or tuple(s.name for s in SCENARIOS[:2])
     return tuple(s.name for s in SCENARIOS)
+
+
+#: Smoke tree scenarios per tree mutant: where its bug shows and its base rule is lossless.
+# fmt: off
+TREE_MUTANT_SCENARIOS: dict[str, tuple[str, ...]] = {
+    "residual_zero_only_rejected": ("markov8_iid_2x2",),
+    "wor_verified_as_iid": ("markov8_wor_3x2",),
+    "residual_not_carried": ("markov8_iid_2x2",),
+    "q_wrong_node": ("markov8_iid_2x2",),
+    "duplicate_siblings": ("markov8_topk_duplicates",),
+    "coin_le_accepts_zero": ("pos32_disjoint_edge_coins",),
+    "thresholds_below_one": ("markov8_topk_3x2",),
+    "greedy_fallback": ("markov8_topk_3x2",),
+    "cumsum_never_updated": ("markov8_topk_3x2",),
+}
+# fmt: on
+
+
+def tree_entry_scenarios(entry, tier: str) -> tuple[str, ...] | None:
+    """Tree scenarios for a tree catalogue entry (None: every tree scenario).
+
+    Mutants run on their witness scenario in smoke, else on every scenario their base rule
+    allows (``requires``); equivalents always on every scenario ``requires`` allows.
+    """
+    if tier not in TIERS:
+        raise InvalidArgument(f"tier must be one of {TIERS}, got {tier!r}")
+    from specverify.verifier.tree.scenarios import TREE_SCENARIOS
+
+    allowed = tuple(entry.requires.split(",")) if entry.requires else tuple(s.name for s in TREE_SCENARIOS)
+    if entry.lossy and tier == "smoke" and entry.name in TREE_MUTANT_SCENARIOS:
+        return TREE_MUTANT_SCENARIOS[entry.name]
+    return allowed

@@ -415,8 +415,13 @@ class _Group:
         self.tcur = torch.full((B,), target.initial_context, dtype=torch.long)  # (b,)
         self.dcur = torch.full((B,), drafter.initial_context, dtype=torch.long)  # (b,)
 
-    def append(self, tokens, num_emitted, tctx, dctx) -> None:
-        """Write the emitted block (entries past num_emitted are overwritten later or cut at L)."""
+    def append(self, tokens, num_emitted, tctx, dctx, law_contexts=None) -> None:
+        """Write the emitted block (entries past num_emitted are overwritten later or cut at L).
+
+        ``dctx`` (b, K+1) is the drafter's context before each position (it advances the
+        rows); ``law_contexts`` what is recorded as the draft law of each position (default:
+        ``dctx`` with -1 at the bonus position, which has no draft law).
+        """
         b, K = tokens.shape[0], self.K
         last_j = (num_emitted - 1)[:, None]  # (b, 1)
         last = tokens.gather(1, last_j).squeeze(1)  # (b,)
@@ -424,8 +429,10 @@ class _Group:
         self.tokens.view(-1).index_copy_(0, flat, tokens.reshape(-1))
         self.target_contexts.view(-1).index_copy_(0, flat, tctx.view(-1))
         d_last = dctx.gather(1, last_j).squeeze(1)  # (b,)
-        dctx[:, K] = -1  # the bonus position has no draft law
-        self.draft_contexts.view(-1).index_copy_(0, flat, dctx.view(-1))
+        if law_contexts is None:
+            law_contexts = dctx
+            law_contexts[:, K] = -1  # the bonus position has no draft law
+        self.draft_contexts.view(-1).index_copy_(0, flat, law_contexts.reshape(-1))
         self.block_positions.view(-1).index_copy_(0, flat, (self.ar + 1).repeat(b))
         self.tcur = self.target.next_context(tctx.gather(1, last_j).squeeze(1), last)  # (b,)
         self.dcur = self.drafter.next_context(d_last, last)  # (b,)

@@ -1,0 +1,241 @@
+"""Tree-verifier mutants: the tree bugs of ``shared/bugs.md`` as deliberately wrong verifiers.
+
+Every entry is a uniforms-in kernel ``kernel(target_probs, draft_probs, tokens, parents, *,
+mode, coins, final_coins)`` wrapped by
+:func:`~specverify.verifier.tree.protocol.uniforms_in` into the tree-verifier protocol, so
+the harness can also hand it edge-case coins.  Two walkers cover them:
+
+* :func:`sibling_walk` -- the sibling-by-sibling rules (SpecInfer, RRSw, top-k) with one
+  step swapped: the accept test, the rejection update of ``r``, whether ``q`` loses the
+  drawn siblings (without replacement), whether duplicate siblings are skipped, which
+  node's ``q`` is used, the order siblings are verified in;
+* :func:`coin_walk` -- SGLang's coin-based target-only kernel
+  (``tree_speculative_sampling_target_only``: one coin per node, ``S_i`` the cumulative
+  target mass of the siblings so far, accept sibling i iff ``p(x_i) > 0`` and
+  ``u < S_i / threshold_acc`` or ``p(x_i) >= threshold_single``; the final token from
+  ``norm((p - p_rejected)+)``) with its thresholds, its comparison and its final sampler
+  as parameters; plus greedy verification of sampled requests.
+
+``requires`` names the tree scenarios on which an entry's *base* rule is lossless with the
+mode's acceptance law (the coin rule: top-k and target-only trees), so a kill there is due
+to the planted bug.  Entries with ``kind="tree_verifier"`` must be caught; ``kind="tree_equivalent"`` are
+correct rules written differently (siblings in reverse order under i.i.d. drafts, where
+they are exchangeable; sample-and-match on every tree; SGLang's kernel with thresholds 1)
+and must pass.
+
+Shapes: B batch, N nodes, V vocabulary, S children of one slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from reference.sampling import inverse_cdf
+from reference.tree_rules import canonical_residual, drop_token
+from specverify.verifier.tree.protocol import PAD, children_table, node_depths, uniforms_in
+
+__all__ = ["ENTRIES", "IID_OR_TOPK", "TOPK_OR_ANY", "SiblingSteps", "coin_walk", "sibling_walk"]
+
+
+@dataclass(frozen=True)
+class SiblingSteps:
+    """The swappable steps of a sibling-by-sibling walk (defaults: the lossless rules)."""
+
+    reject: str = "residual"  # "residual": r <- norm((r - q)+) (topk: drop x); "drop": zero x; "keep": r unchanged
+    wor_update: bool = True  # mode "wor": later siblings' q loses the drawn tokens
+    skip_duplicates: bool = True  # mode "topk": a repeated token gets no second chance
+    q_from_root: bool = False  # every slot verified with the root's draft row
+    reverse: bool = False  # siblings verified last to first
+
+
+def _walk(target_probs, tokens, parents, step):
+    """The common walk: at each reached slot ``step(d, cur, kids, kid_tokens, p) -> (child, final)``."""
+    B = target_probs.shape[0]
+    parents = parents.long()
+    tokens = torch.where(parents == PAD, 0, tokens.long())  # (B, N)
+    depths = node_depths(parents)  # (B, N)
+    D = int(depths.max()) if depths.numel() else 0
+    children = children_table(parents)  # (B, N+1, S)
+    rows = torch.arange(B)
+    cur = torch.zeros(B, dtype=torch.long)  # (B,) current slot
+    active = torch.ones(B, dtype=torch.bool)
+    path = torch.full((B, D), -1, dtype=torch.long)  # (B, D)
+    final = torch.zeros(B, dtype=torch.long)  # (B,)
+    for d in range(D + 1):
+        kids = children[rows, cur]  # (B, S)
+        kid_tokens = tokens.gather(1, kids.clamp(min=0)) if kids.shape[1] else kids  # (B, S)
+        child, drawn = step(cur, kids, kid_tokens, target_probs[rows, cur].double(), active)
+        stop = active & (child < 0)
+        final = torch.where(stop, drawn, final)
+        moved = active & (child >= 0)
+        if d < D:
+            path[:, d] = torch.where(moved, child, -1)
+        cur = torch.where(moved, child + 1, cur)
+        active = moved
+        if not bool(active.any()):
+            break
+    accepted = (path >= 0).sum(1)  # (B,)
+    emitted = torch.zeros(B, D + 1, dtype=torch.long)  # (B, D+1)
+    if D:
+        emitted[:, :D] = torch.where(path >= 0, tokens.gather(1, path.clamp(min=0)), 0)
+    emitted.scatter_(1, accepted[:, None], final[:, None])
+    return emitted, accepted + 1, path
+
+
+def _gather(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return rows.gather(1, index[:, None]).squeeze(1)
+
+
+def sibling_walk(steps: SiblingSteps):
+    """A uniforms-in kernel running the sibling-by-sibling rule of each mode with ``steps``."""
+
+    def kernel(target_probs, draft_probs, tokens, parents, *, mode, coins, final_coins):
+        B = target_probs.shape[0]
+        rows = torch.arange(B)
+
+        def step(cur, kids, kid_tokens, p, active):
+            r = p.clone()  # (B, V)
+            q = None
+            if mode in ("iid", "wor"):
+                q = draft_probs[rows, torch.zeros_like(cur) if steps.q_from_root else cur].double()  # (B, V)
+            child = torch.full((B,), -1, dtype=torch.long)
+            order = range(kids.shape[1] - 1, -1, -1) if steps.reverse else range(kids.shape[1])
+            for s in order:
+                kid, x = kids[:, s], kid_tokens[:, s]  # (B,)
+                live = active & (kid >= 0) & (child < 0)
+                if mode == "topk" and steps.skip_duplicates and s:
+                    live &= ~((kid_tokens[:, :s] == x[:, None]) & (kids[:, :s] >= 0)).any(-1)
+                u = _gather(coins.double(), (kid + 1).clamp(min=0))  # (B,)
+                if mode == "any":  # sample-and-match is handled below
+                    break
+                r_x = _gather(r, x)
+                accept = live & ((u < r_x) if mode == "topk" else (u * _gather(q, x) < r_x))
+                reject = (live & ~accept)[:, None]
+                if steps.reject == "drop" or (mode == "topk" and steps.reject == "residual"):
+                    new_r = drop_token(r, x)
+                elif steps.reject == "residual":
+                    new_r = canonical_residual(r, q)
+                else:
+                    new_r = r
+                r = torch.where(reject, new_r, r)
+                if mode == "wor" and steps.wor_update:
+                    kept = q.scatter(1, x[:, None], 0.0)
+                    q = torch.where(reject, kept / kept.sum(-1, keepdim=True).clamp_min(1e-300), q)
+                child = torch.where(accept, kid, child)
+            if mode == "any":  # y ~ p with the slot's coin; descend into the first child holding y
+                y = inverse_cdf(p, _gather(coins.double(), cur)[:, None])[0]  # (B,)
+                match = (kids >= 0) & (kid_tokens == y[:, None])  # (B, S)
+                first = kids.gather(1, match.long().argmax(-1, keepdim=True)).squeeze(1) if kids.shape[1] else y * 0
+                return torch.where(match.any(-1), first, -1), y
+            return child, inverse_cdf(r, final_coins.double()[:, None])[0]
+
+        return _walk(target_probs, tokens, parents, step)
+
+    return kernel
+
+
+def coin_walk(*, threshold_single: float = 1.0, threshold_acc: float = 1.0, less_equal: bool = False,
+              frozen_cumsum: bool = False, greedy: bool = False, skip_duplicates: bool = True):  # fmt: skip
+    """SGLang's coin-based target-only kernel with its knobs (defaults: the lossless setting).
+
+    ``skip_duplicates=False`` is the kernel as shipped: it assumes distinct children, so a
+    repeated token adds its mass to the running sum twice.
+    """
+
+    def kernel(target_probs, draft_probs, tokens, parents, *, mode, coins, final_coins):
+        B = target_probs.shape[0]
+
+        def step(cur, kids, kid_tokens, p, active):
+            if greedy:  # sampled requests verified greedily: descend while the child is argmax p
+                y = p.argmax(-1)  # (B,)
+                match = (kids >= 0) & (kid_tokens == y[:, None])
+                first = kids.gather(1, match.long().argmax(-1, keepdim=True)).squeeze(1) if kids.shape[1] else y * 0
+                return torch.where(match.any(-1), first, -1), y
+            u = _gather(coins.double(), cur)  # (B,) one coin per expanded slot
+            child = torch.full((B,), -1, dtype=torch.long)
+            cum = torch.zeros(B, dtype=torch.float64)
+            residual = p.clone()  # (B, V)
+            for s in range(kids.shape[1]):
+                kid, x = kids[:, s], kid_tokens[:, s]
+                live = active & (kid >= 0) & (child < 0)
+                if skip_duplicates and s:
+                    live &= ~((kid_tokens[:, :s] == x[:, None]) & (kids[:, :s] >= 0)).any(-1)
+                p_x = _gather(p, x)
+                cum = cum + torch.where(live, p_x, 0.0)
+                coin_ok = (u <= cum / threshold_acc) if less_equal else (u < cum / threshold_acc)
+                accept = live & (coin_ok | (p_x >= threshold_single))
+                if not less_equal:
+                    accept &= p_x > 0
+                residual = torch.where((live & ~accept)[:, None], residual.scatter(1, x[:, None], 0.0), residual)
+                child = torch.where(accept, kid, child)
+            weights = residual / residual.sum(-1, keepdim=True).clamp_min(1e-300)  # (B, V)
+            if frozen_cumsum:  # the running sum is never updated: the first token always "covers" the coin
+                return child, torch.zeros(B, dtype=torch.long)
+            return child, inverse_cdf(weights, final_coins.double()[:, None])[0]
+
+        return _walk(target_probs, tokens, parents, step)
+
+    return kernel
+
+
+def _entry(name, kind, kernel, description, provenance, needs="", requires=""):
+    """A catalogue entry; ``requires`` (equivalents) lists the tree scenarios where the variant is correct."""
+    from specverify.mutants import CatalogueEntry
+
+    fn = uniforms_in(kernel)
+    fn.__name__ = fn.__qualname__ = name
+    return CatalogueEntry(name, kind, fn, description, provenance, needs=needs, requires=requires)
+
+
+#: Where a rule is lossless *and* has the mode's acceptance law: i.i.d. and top-k trees (siblings are
+#: exchangeable under i.i.d. drafts; any order works for deterministic ones), and where the coin
+#: rule's acceptance (sum of p over distinct children) is the mode's: top-k and target-only trees.
+IID_OR_TOPK = (
+    "markov8_iid_2x2,markov8_topk_3x2,markov8_dynamic_eagle2,markov8_any_2x2,markov8_iid_padded,"
+    "pos32_disjoint_iid_wide,markov4_deep_narrow_iid,markov8_topk_duplicates,pos32_disjoint_edge_coins"
+)
+TOPK_OR_ANY = (
+    "markov8_topk_3x2,markov8_dynamic_eagle2,markov8_any_2x2,markov8_topk_duplicates,pos32_disjoint_edge_coins"
+)
+
+
+M, E = "tree_verifier", "tree_equivalent"
+# fmt: off
+ENTRIES = (
+    _entry("residual_zero_only_rejected", M, sibling_walk(SiblingSteps(reject="drop")),
+           "on a rejected sampled sibling, zero its token in r instead of r <- norm((r - q)+)",
+           "SafeAILab/EAGLE #20", "iid or wor siblings from a stochastic q"),
+    _entry("wor_verified_as_iid", M, sibling_walk(SiblingSteps(wor_update=False)),
+           "siblings drawn without replacement verified with the i.i.d. (SpecInfer) rule",
+           "llama.cpp PR #5625 discussion", "wor siblings, >= 2 per node"),
+    _entry("residual_not_carried", M, sibling_walk(SiblingSteps(reject="keep")),
+           "every sibling tested against the original p, not the residual left by earlier siblings",
+           "classic", ">= 2 stochastic siblings"),
+    _entry("q_wrong_node", M, sibling_walk(SiblingSteps(q_from_root=True)),
+           "every node's children verified with the root's draft law", "TensorRT-LLM PR #12588 review",
+           "depth >= 2, context-dependent q"),
+    _entry("duplicate_siblings", M, coin_walk(skip_duplicates=False),
+           "SGLang's coin rule on a tree with a repeated sibling token: its mass is counted twice",
+           "EAGLE evaluate_posterior skips them; SGLang's kernel assumes distinct children",
+           "duplicate siblings (top-k duplicates, i.i.d. trees)", requires=TOPK_OR_ANY),
+    _entry("coin_le_accepts_zero", M, coin_walk(less_equal=True),
+           "coin <= cumulative p (and no p > 0 check): a zero-probability child is accepted when the coin is 0",
+           "sgl-project/sglang #35771", "children on p's zeros and an exact 0 coin (edge-coin scenario)", requires=TOPK_OR_ANY),
+    _entry("thresholds_below_one", M, coin_walk(threshold_single=0.5, threshold_acc=0.7),
+           "threshold_single 0.5, threshold_acc 0.7 (lossy by design)", "SGLang spec options, PR #8068", "any", requires=TOPK_OR_ANY),
+    _entry("greedy_fallback", M, coin_walk(greedy=True),
+           "sampled requests verified greedily (argmax match, argmax correction)",
+           "SGLang _verify_uses_greedy (CPU/XPU)", "any", requires=TOPK_OR_ANY),
+    _entry("cumsum_never_updated", M, coin_walk(frozen_cumsum=True),
+           "the final sample's running sum is never updated: the correction is always token 0",
+           "sglang-jax reference kernel", "any", requires=TOPK_OR_ANY),
+    _entry("reversed_siblings", E, sibling_walk(SiblingSteps(reverse=True)),
+           "siblings verified last to first: exchangeable under i.i.d. drafts, any order for top-k",
+           "specverify", requires=IID_OR_TOPK),
+    _entry("sglang_target_only", E, coin_walk(),
+           "SGLang's coin-based target-only kernel with thresholds 1 (lossless for distinct children)",
+           "sgl-project/sglang tree_speculative_sampling_target_only", requires=TOPK_OR_ANY),
+)
+# fmt: on

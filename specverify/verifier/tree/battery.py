@@ -1,0 +1,222 @@
+"""``check_tree_verifier``: the statistical battery for tree / multi-draft verifiers.
+
+Per scenario (:mod:`specverify.verifier.tree.scenarios`) the tree harness decodes with the
+verifier under test and returns a chain-shaped run, so the chain battery's tests apply
+unchanged (:func:`specverify.verifier.battery.analyse_run`): support, goodness of fit per
+absolute position, per in-round position (depth) and per context node, directed PIT and
+score tests, acceptance per depth against its exact value, within-batch collisions.  Added
+here: the law of the accepted depth per round, against its exact value
+(:func:`specverify.verifier.tree.exact.round_law`), in the most visited root contexts.
+Everything is graded once under one error budget (:func:`specverify.stats.grade_run`).
+
+The verifier is called with float32 rows through
+:func:`~specverify.verifier.tree.protocol.call_tree_verifier`; an exception, a protocol
+violation or a non-deterministic output is an ``ImplementationError`` recorded in the
+report (verdict "fail"), never a crash.
+
+Shapes: V vocabulary, D depth.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from specverify import stats
+from specverify.core.errors import ImplementationError, InvalidArgument
+from specverify.core.results import Report, TestResult, protocol_result
+from specverify.core.validation import check_run_options
+from specverify.verifier.battery import analyse_run, environment
+from specverify.verifier.scenarios import TIERS, scenario_seed
+from specverify.verifier.tree.exact import round_law
+from specverify.verifier.tree.harness import TreeHarnessRun, run_tree_harness
+from specverify.verifier.tree.scenarios import TreeScenario, get_tree_scenarios
+
+__all__ = ["check_tree_verifier", "check_verifier", "list_scenarios", "list_tree_scenarios"]
+
+#: Root-context strata tested for the accepted-depth law, and the rounds each needs.
+LENGTH_STRATA, LENGTH_MIN_ROUNDS = 3, 400
+
+PROTOCOL_METHOD = (
+    "tree verifier output validation: shapes, dtypes, num_emitted in [1, D+1], the path a root-down "
+    "chain of real nodes, emitted tokens = the path's tokens, final token in [0, V), same output for "
+    "the same generator seed (exact)"
+)
+
+
+def list_tree_scenarios() -> list[dict]:
+    """Name, drafting and description of every tree scenario."""
+    return [
+        {"name": s.name, "drafting": s.drafting.describe(), "description": s.description} for s in get_tree_scenarios()
+    ]
+
+
+def accepted_length_results(tree_run: TreeHarnessRun, scenario: TreeScenario, target, drafter, *, alpha: float):
+    """GOF of the accepted depth per round against its exact law, in the most visited root contexts."""
+    parents = scenario.drafting.template_parents()
+    if parents is None or scenario.drafting.duplicate:
+        return [], "accepted-depth law not modelled for dynamic or duplicate-sibling trees"
+    keys = tree_run.root_target_contexts * drafter.num_contexts + tree_run.root_draft_contexts  # (rounds,)
+    values, counts = torch.unique(keys, return_counts=True)
+    order = torch.argsort(-counts, stable=True)[:LENGTH_STRATA]
+    out = []
+    for key, n in zip(values[order].tolist(), counts[order].tolist()):
+        if n < LENGTH_MIN_ROUNDS:
+            break
+        tc, dc = divmod(key, drafter.num_contexts)
+        try:
+            law = round_law(parents, target, drafter, mode=scenario.drafting.mode, target_context=tc, draft_context=dc)
+        except InvalidArgument as exc:  # beyond the exact enumeration's size limits
+            return out, f"accepted-depth law skipped: {exc}"
+        depths = tree_run.accepted_depths[keys == key].numpy()
+        expected = law.accepted_length_law().numpy()  # (D+1,)
+        observed = np.bincount(depths, minlength=expected.shape[0])[: expected.shape[0]]
+        res = stats.gof_test(
+            observed, expected, name="accepted_length", family="acceptance", scenario=scenario.name,
+            position=f"root=({tc},{dc})", alpha=alpha,
+        )  # fmt: skip
+        exp_len = float(law.expected_accepted_length())
+        details = {**res.details, "expected_accepted_length": exp_len, "observed_accepted_length": float(depths.mean())}
+        out.append(res.replace(details=details))
+    return out, ""
+
+
+def run_tree_scenario(verify_tree, scenario: TreeScenario, *, tier: str, seed: int, alpha: float):
+    """Run one tree scenario: ``(results, errors, summary, seconds)``."""
+    start = time.perf_counter()
+    if scenario.edge_coins and getattr(verify_tree, "kernel", None) is None:
+        return [], [], {"note": "skipped: edge coins need a uniforms-in kernel (verify_tree.kernel)"}, 0.0
+    target, drafter = scenario.build()
+    generator = torch.Generator().manual_seed(scenario_seed(seed, "tree/" + scenario.name))
+    try:
+        tree_run = run_tree_harness(
+            verify_tree,
+            target,
+            drafter,
+            scenario.drafting,
+            batch_size=scenario.batch_size,
+            length=scenario.length,
+            generator=generator,
+            num_groups=scenario.num_groups(tier),
+            edge_coins=scenario.edge_coins,
+        )
+    except ImplementationError as exc:
+        message = f"{scenario.name}: {exc}"
+        result = protocol_result(scenario.name, message, 0, method=PROTOCOL_METHOD, position="all")
+        return [result], [message], {}, time.perf_counter() - start
+    results: list[TestResult] = [protocol_result(scenario.name, None, tree_run.run.num_calls, method=PROTOCOL_METHOD)]
+    analysed = analyse_run(tree_run.run, target, drafter, scenario=scenario.name, alpha=alpha, seed=seed)
+    if scenario.edge_coins:  # zero coins: only the exact tests are valid
+        results += [r for r in analysed if r.family == "support"]
+        note = "edge coins: support and protocol only"
+    else:
+        results += analysed
+        length_results, note = accepted_length_results(tree_run, scenario, target, drafter, alpha=alpha)
+        results += length_results
+    depths = tree_run.accepted_depths.double()
+    summary: dict[str, Any] = {
+        "rounds": int(depths.numel()),
+        "mean_accepted_depth": float(depths.mean()),
+        "tokens_per_target_pass": float(depths.mean()) + 1.0,
+        "accepted_depth_counts": np.bincount(tree_run.accepted_depths.numpy()).tolist(),
+        "num_nodes": tree_run.num_nodes,
+    }
+    if note:
+        summary["note"] = note
+    return results, [], summary, time.perf_counter() - start
+
+
+def check_tree_verifier(
+    verify_tree,
+    *,
+    tier: str = "smoke",
+    seed: int = 0,
+    alpha: float = 1e-3,
+    scenarios=None,
+    modes=None,
+    progress=None,
+    implementation: str | None = None,
+) -> Report:
+    """Statistically audit a tree / multi-draft verifier; return a :class:`~specverify.core.results.Report`.
+
+    Parameters
+    ----------
+    verify_tree : callable
+        ``verify_tree(target_probs (B, N+1, V), draft_probs (B, N+1, V) | None, tokens (B, N),
+        parents (B, N), *, mode, generator) -> (emitted (B, D+1), num_emitted (B,), path (B, D))``
+        (see :mod:`specverify.verifier.tree.protocol`); it receives float32 probabilities.
+    tier : {"smoke", "standard", "deep"}
+    seed : int
+        Root seed; each scenario's generator derives from (seed, scenario name).
+    alpha : float
+        Family-wise error rate of the whole run.
+    scenarios : sequence of str, optional
+        Run only these tree scenarios.
+    modes : sequence of {"iid", "wor", "topk", "any"}, optional
+        Run only scenarios whose children are drawn this way (for a verifier that supports
+        only some sibling modes, e.g. EAGLE's top-k rule).
+    progress : callable, optional
+        ``progress(done, total, name)`` before each scenario and once at the end.
+    implementation : str, optional
+        Name recorded in the report.
+
+    Returns
+    -------
+    Report
+        ``kind="tree_verifier"``; per scenario in ``extra["trees"]`` the accepted-depth counts
+        and tokens per target pass.
+    """
+    if not callable(verify_tree):
+        raise InvalidArgument(f"verify_tree must be callable, got {verify_tree!r}")
+    seed, alpha = check_run_options(tier, TIERS, seed, alpha, progress)
+    chosen = get_tree_scenarios(scenarios, modes=modes)
+    if not chosen:
+        raise InvalidArgument(f"no tree scenario matches scenarios={scenarios!r} and modes={modes!r}")
+    start = time.perf_counter()
+    results, errors, timings, summaries = [], [], {}, {}
+    for i, scenario in enumerate(chosen):
+        if progress is not None:
+            progress(i, len(chosen), scenario.name)
+        res, errs, summary, secs = run_tree_scenario(verify_tree, scenario, tier=tier, seed=seed, alpha=alpha)
+        results += res
+        errors += errs
+        summaries[scenario.name] = summary
+        timings[scenario.name] = secs
+    if progress is not None:
+        progress(len(chosen), len(chosen), "")
+    graded, verdict = stats.grade_run(results, errors, alpha=alpha)
+    timings["total"] = time.perf_counter() - start
+    name = (
+        implementation
+        or f"{getattr(verify_tree, '__module__', '?')}:{getattr(verify_tree, '__qualname__', repr(verify_tree))}"
+    )
+    return Report(
+        kind="tree_verifier",
+        implementation=name,
+        tier=tier,
+        seed=seed,
+        alpha=alpha,
+        verdict=verdict,
+        results=graded,
+        errors=tuple(errors),
+        scenarios=tuple(s.config(tier) for s in chosen),
+        timings=timings,
+        environment=environment(),
+        extra={"trees": summaries, "modes": sorted({s.drafting.mode for s in chosen})},
+    )
+
+
+# The battery API of the pytest plugin (``pytest --specverify-tree-impl PKG.MOD:NAME`` uses this module).
+def list_scenarios(tier: str = "smoke", *, greedy: bool = False) -> list[str]:
+    """The tree scenario names (the same for every tier); there is no greedy tree battery."""
+    if tier not in TIERS:
+        raise InvalidArgument(f"tier must be one of {TIERS}, got {tier!r}")
+    if greedy:
+        raise InvalidArgument("the tree battery has no greedy mode")
+    return [s.name for s in get_tree_scenarios()]
+
+
+check_verifier = check_tree_verifier
