@@ -17,6 +17,8 @@ _LAZY = {
     "list_scenarios": "specverify.verifier.battery",
     "check_decoder": "specverify.decoder",
     "audit_drafter": "specverify.drafter",
+    "check_tree_verifier": "specverify.verifier.tree.battery",
+    "measure_divergence": "specverify.verifier.measure",
     "Report": "specverify.core.results",
     "TestResult": "specverify.core.results",
     "write_report": "specverify.report",

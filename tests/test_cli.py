@@ -110,3 +110,75 @@ def test_audit_drafter_through_cli(tmp_path, capsys):
     report = load_report(out / "report.json")
     assert report.kind == "drafter" and "name='uniform'" in report.implementation
     assert "efficiency" in report.extra
+
+
+# ----------------------------------------------------------------------------- implementations that cannot be built
+
+
+def _raising_factory(*, weight: float = 0.5):
+    """A factory that fails while building (as a model loader might)."""
+    raise ValueError(f"cannot load weights with weight={weight}\n(second line)")
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_issue_commands_fail_with_one_line_usage_errors(capsys):
+    # the two repro lines quoted in issue 17, as the old reports printed them
+    argv = "audit --drafter specverify.models:MarkovTable --target specverify.models:MarkovTable --tier smoke --seed 0"
+    assert main(argv.split()) == EXIT_USAGE
+    line = _one_line_error(capsys)
+    assert "cannot import module 'specverify.models'" in line and "specverify.core.tables:MarkovTable" in line
+    argv = "audit --decoder reference.decoder:SpeculativeDecoder --tier smoke --seed 0"
+    assert main(argv.split()) == EXIT_USAGE
+    assert "--decoder needs --target" in _one_line_error(capsys)
+
+
+def test_class_with_required_arguments_names_spec_missing_options_and_form(capsys):
+    argv = [
+        "audit",
+        "--drafter",
+        "specverify.core.tables:MarkovTable",
+        "--target",
+        "specverify.core.tables:MarkovTable",
+    ]
+    assert main(argv) == EXIT_USAGE
+    line = _one_line_error(capsys)
+    assert line.startswith("specverify: error: --drafter specverify.core.tables:MarkovTable: ")
+    assert "missing initial, transition" in line and "--drafter-option KEY=VALUE" in line
+    argv = ["audit", "--decoder", "reference.decoder:SpeculativeDecoder", "--target", "reference.rules:verify"]
+    assert main(argv) == EXIT_USAGE
+    line = _one_line_error(capsys)
+    assert "--decoder reference.decoder:SpeculativeDecoder" in line and "missing drafter, k, target" in line
+
+
+def test_unknown_option_and_options_for_an_instance_or_function(capsys):
+    argv = ["audit", "--drafter", "specverify.cli.factories:zoo_drafter", "--target"]
+    assert main([*argv, "specverify.cli.factories:table_target", "--target-option", "vocab=8"]) == EXIT_USAGE
+    line = _one_line_error(capsys)
+    assert "--target specverify.cli.factories:table_target" in line and "unknown vocab" in line
+    assert "--target-option KEY=VALUE" in line and "vocab_size" in line  # what it accepts
+    assert main(["audit", "--verifier", "reference.rules:verify", "--verifier-option", "k=1"]) == EXIT_USAGE
+    assert "not a factory" in _one_line_error(capsys)
+
+
+def test_factory_that_raises_is_one_line_and_debug_shows_the_traceback(capsys):
+    argv = [
+        "audit",
+        "--decoder",
+        "tests.test_cli:_raising_factory",
+        "--target",
+        "specverify.cli.factories:table_target",
+    ]
+    assert main(argv) == EXIT_USAGE
+    line = _one_line_error(capsys)
+    assert "--decoder tests.test_cli:_raising_factory" in line
+    assert "ValueError: cannot load weights with weight=0.5 (second line)" in line and "--debug" in line
+    assert main([*argv, "--debug"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "_raising_factory" in err and err.rstrip().splitlines()[-1].startswith("specverify:")

@@ -12,6 +12,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
+from specverify.cli.audit import run_audit
+from specverify.cli.commands import parse_command
 from specverify.cli.examples import hf as example
 from specverify.core.errors import InvalidArgument
 from specverify.report import load_report
@@ -37,14 +39,21 @@ def test_quick_run_writes_reports_readme_and_repros(quick_run):
         assert loaded.verdict == "pass", f"{name}: {loaded.summary()}"  # HF is lossless at these sizes
         assert loaded.environment["transformers"] == example.TRANSFORMERS_VERSION
         assert loaded.extra["hf_audit"]["config"] == name
-        assert loaded.command.startswith("python -m specverify.cli.examples.hf --out ")
+        # each report records the `specverify audit` line that reproduces it, readable by the CLI's parser
+        args = parse_command(loaded.command)
+        assert args.command == "audit" and (args.tier, args.seed) == ("smoke", 0)
         assert all(r.grade in VERDICTS for r in loaded.results)
         json.loads((out / name / "report.json").read_text())
     kinds = {name: report.kind for name, report in reports}
     assert kinds[example.KERNEL_NAME] == "verifier" and kinds["greedy_k3"] == "decoder"
     greedy = dict(reports)["greedy_k3"]
     assert any(r.family == "greedy" for r in greedy.results)
-    assert greedy.implementation == "specverify.cli.examples.hf:HFGreedyAssistedDecoder"
+    assert greedy.implementation == "specverify.cli.examples.hf:tiny_greedy_assisted_decoder(k=3)"
+    assert "--greedy" in greedy.command and "--num-samples 120 --max-new-tokens 3" in greedy.command
+    kernel = dict(reports)[example.KERNEL_NAME]
+    assert "--verifier specverify.adapters.hf:speculative_sampling_verifier --scenario pos2_least_likely_k2" in (
+        kernel.command
+    )
 
     readme = (out / "README.md").read_text()
     assert f"transformers {example.TRANSFORMERS_VERSION}" in readme
@@ -56,14 +65,15 @@ def test_quick_run_writes_reports_readme_and_repros(quick_run):
     # the reproducers ran and still reproduce on the installed transformers
     assert "SUPPORT VIOLATION" in readme
     assert readme.count("RuntimeError: probability tensor contains") == 2
+    for _, report in reports:  # the README's Reproduce section lists every report's command
+        assert report.command in readme
 
 
-def test_same_seed_same_statistics(quick_run, tmp_path):
+def test_same_seed_same_statistics(quick_run):
+    """Rerunning a report's recorded command (in-process, as a user would from the shell) gives its numbers."""
     _, reports = quick_run
     first = dict(reports)["sample_t0.7_topk8_k2"]
-    ((_, again),) = example.generate_hf_reports(
-        tmp_path, seed=0, quick=True, plots=False, configs=["sample_t0.7_topk8_k2"]
-    )
+    again = run_audit(parse_command(first.command))
     assert again.verdict == first.verdict
     assert [(r.name, r.position, r.statistic, r.pvalue) for r in again.results] == [
         (r.name, r.position, r.statistic, r.pvalue) for r in first.results

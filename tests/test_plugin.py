@@ -19,8 +19,10 @@ import xml.etree.ElementTree as ET
 # the next run re-imports them -- slow, and for torch a crash of the interpreter.
 import hypothesis  # noqa: F401
 import pytest
+import scipy.stats  # noqa: F401  (report plots; numpy.fft cannot be loaded twice in one process)
 import torch  # noqa: F401
 
+import specverify.cli.audit  # the recorded command of a written report
 import specverify.report  # noqa: F401
 
 pytest_plugins = ["pytester"]
@@ -140,7 +142,7 @@ def test_items_pass_header_and_summary(fake):
         [
             "*= specverify =*",
             "verifier myimpl:good: PASS (tier smoke, seed 7, alpha 0.001, 3 scenarios, 4 tests graded together, *",
-            "repro: specverify audit --verifier myimpl:good --tier smoke --seed 7",
+            "repro: specverify audit --verifier myimpl:good --tier smoke --seed 7 --alpha 0.001",
         ]
     )
     assert calls(fake) == [{"tier": "smoke", "seed": 7, "alpha": 0.001, "greedy": False, "scenarios": None}]
@@ -189,7 +191,7 @@ def test_failure_message_and_suspicious_warning(fake):
             "  gof@abs=2 ?FAIL? (Cressie-Read lambda=2/3)",
             "    observed vs expected: token 5: 812 vs 1000 (z=-5.9); token 7: 1188 vs 1000 (z=+5.9); *",
             "    statistic=123.4, p=1e-12, adjusted p=4e-12 (allocated alpha 0.00025), N=4000, df=3, bins=4, detectable TV=0.031, seed=3",
-            "repro: specverify audit --verifier myimpl:bad --tier smoke --seed 3",
+            "repro: specverify audit --verifier myimpl:bad --tier smoke --seed 3 --alpha 0.001",
             "       pytest --specverify-impl myimpl:bad --specverify-tier smoke --specverify-seed 3 "
             "--specverify-battery fake_battery -k 'specverify?beta_markov?'*",
         ]
@@ -221,6 +223,38 @@ def test_failure_message_and_suspicious_warning(fake):
         "error::specverify.cli.plugin.SuspiciousResultWarning",
     )
     result.assert_outcomes(failed=1, deselected=3)
+
+
+def test_written_report_records_the_run_as_a_command_the_cli_parses(fake):
+    """--specverify-report: report.json's command is the `specverify audit` line of what ran (the subset too)."""
+    from specverify.cli.commands import parse_command
+
+    result = fake.runpytest(
+        "--specverify-impl",
+        "myimpl:good",
+        *FAKE,
+        "-k",
+        "beta_markov or gamma",
+        "--specverify-seed",
+        "5",
+        "--specverify-report",
+        "out",
+    )
+    result.assert_outcomes(passed=2, deselected=2)
+    command = json.loads((fake.path / "out" / "report.json").read_text())["command"]
+    assert command == (
+        "specverify audit --verifier myimpl:good --scenario beta_markov --scenario gamma_bonus "
+        "--tier smoke --seed 5 --alpha 0.001"
+    )
+    args = parse_command(command)
+    assert (args.verifier, args.scenario, args.tier, args.seed, args.alpha) == (
+        "myimpl:good",
+        ["beta_markov", "gamma_bonus"],
+        "smoke",
+        5,
+        1e-3,
+    )
+    result.stdout.fnmatch_lines([f"repro: {command}"])
 
 
 def test_implementation_errors_fail_protocol_and_their_scenario(fake):

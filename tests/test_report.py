@@ -223,7 +223,9 @@ def test_markdown_pass_states_verdict_and_detectable_tv():
     assert "PASS: no test detected a deviation" in md
     assert f"{tvs[-1]:.3g}" in md  # the largest detectable TV is quoted
     assert f"{float(np.median(tvs)):.3g}" in md
-    assert "specverify audit --verifier mypkg.mod:verify --tier smoke --seed 1234" in md
+    # a report built without a command says so in a Python comment (never a made-up command line)
+    assert "# Python: how this verifier run was started was not recorded" in md
+    assert "mypkg.mod:verify at tier='smoke', seed=1234" in md and "specverify audit" not in md
     assert "Minimal counterexample" not in md
     assert md.count("| pass |") == len(report.results)
 
@@ -249,7 +251,7 @@ def test_markdown_fail_leads_with_errors_and_minimal_counterexample():
     verdict = md.index("FAIL: the implementation does not emit")
     errors = md.index("## Implementation errors (1)")
     counter = md.index("## Minimal counterexample")
-    table = md.index("## Tests, worst first")
+    table = md.index("## Tests, flagged and worst first")
     assert verdict < errors < counter < md.index("## Reproduce") < table
     assert "verify returned token 9 >= vocab_size 8 (row 3)" in md
     section = md[counter:table]
@@ -274,8 +276,11 @@ def test_markdown_counterexample_without_details():
 def test_markdown_caps_large_tables():
     results = _passing_results(count=130, seed=5)
     md = render_markdown(make_report("pass", results=results), max_rows=40)
-    assert md.count("| pass |") == 40
-    assert "... and 90 more tests (90 pass); all are in report.json and report.html." in md
+    # the 10 worst listed, the next 40 folded in <details>, the rest counted
+    assert md.count("| pass |") == 50
+    assert "<details><summary>120 more tests (120 passed)</summary>" in md
+    assert md.index("| 10 | pass |") < md.index("<details>") < md.index("| 11 | pass |")
+    assert "... and 80 more tests (80 passed); all are in report.json and report.html." in md
 
 
 def test_markdown_escapes_and_handles_empty_report():
@@ -287,7 +292,7 @@ def test_markdown_escapes_and_handles_empty_report():
     assert "raised `<b>` | oops" in md  # errors verbatim in a fenced block
     assert "No statistical tests ran." in md
     assert "1 implementation error(s)" in md and "The gate fails." in md
-    assert "specverify audit --verifier '<script>" in md  # shell-quoted in the repro command
+    assert "# Python: how this verifier run was started was not recorded" in md  # no made-up command line
 
 
 def test_rendering_tolerates_nonfinite_and_malformed_fields():
@@ -341,7 +346,9 @@ def html_escaped(text):
 
 def test_html_content_order_and_all_rows(fail_html):
     report, page = fail_html
-    order = [page.index(h) for h in ("Implementation errors (1)", "Minimal counterexample", "Tests, worst first")]
+    order = [
+        page.index(h) for h in ("Implementation errors (1)", "Minimal counterexample", "<h2>Plots", "Tests, flagged")
+    ]
     assert order == sorted(order)
     assert page.count('<tr class="g-fail">') == 3
     assert page.count("<td>gof</td>") + page.count("<td>support</td>") >= len(report.results)
@@ -349,7 +356,8 @@ def test_html_content_order_and_all_rows(fail_html):
 
 def test_html_puts_extra_rows_in_details():
     page = render_html(make_report("pass", results=_passing_results(count=70, seed=3)), plots=False)
-    assert "<details><summary>20 more tests</summary>" in page
+    assert "<details><summary>60 more tests (60 passed)</summary>" in page
+    assert page.index('<td class="num">10</td>') < page.index("<details>") < page.index('<td class="num">11</td>')
     assert "Plots were not requested" in page
 
 
@@ -506,7 +514,7 @@ def test_drafter_report_leads_with_diagnosis_after_the_verdict(fmt):
     report = make_drafter_report(diagnosis=DRAFTER_CULPRIT, verdict="fail")
     page = render_markdown(report) if fmt == "markdown" else render_html(report, plots=False)
     verdict, diag = page.index("FAIL: the implementation"), page.index("Diagnosis: the culprit is the drafter.")
-    assert verdict < diag < page.index("Reproduce") < page.index("Tests, worst first")
+    assert verdict < diag < page.index("Reproduce") < page.index("Tests, flagged and worst first")
     assert "The drafter" in page[diag:] and "do not follow its reported q" in page[diag : page.index("Reproduce")]
     assert "Failing tests" not in page  # the message already names both failing tests
 
@@ -688,3 +696,35 @@ def test_real_drafter_audit_renders_its_sections(tmp_path):
     assert "| 4 (audited) |" in section and "Memory-bound latency per token (8B parameters" in section
     assert "best K=" in section and "95% CI" in section
     assert "<h2>Efficiency</h2>" in render_html(report, plots=False)
+
+
+@pytest.mark.parametrize("fmt", ["markdown", "html"])
+def test_drafter_report_answers_efficiency_first_and_shows_plots_before_the_table(fmt):
+    """Issue 17: the efficiency summary sits right under the verdict, the plots before the test table."""
+    report = make_drafter_report(efficiency=_efficiency_extra(draft_costs=(0.05,)))
+    page = render_markdown(report) if fmt == "markdown" else render_html(report, plots=True)
+    verdict, diagnosis = page.index("PASS: no test detected"), page.index("Diagnosis: no culprit.")
+    efficiency = page.index("Efficiency")
+    summary = page[efficiency : page.index("Measured over")]
+    for text in (
+        "Acceptance per in-block position, observed (exact): 1: 0.908 (0.911), 2: 0.908 (0.908)",
+        "Tokens per target pass at K=4: 4.164 (exact 4.166)",
+        "best K=14",
+        "Memory-bound latency per token: plain decoding 4.78 ms",
+    ):
+        assert text in summary, text
+    plots, tests = page.index("Plots"), page.index("Tests, flagged and worst first")
+    assert verdict < diagnosis < efficiency < page.index("Reproduce") < plots < tests
+    if fmt == "html":
+        assert page.index('<img src="data:image/png;base64,') < tests  # the images themselves, not a pointer
+
+
+def test_every_flagged_test_is_listed_and_passing_ones_fold():
+    results = _passing_results(count=30, seed=4)
+    report = make_report("fail", results=results)  # + 3 failing tests
+    md, page = render_markdown(report), render_html(report, plots=False)
+    listed_md = md[md.index("## Tests") : md.index("<details>")]
+    assert listed_md.count("**FAIL**") == 3 and listed_md.count("| pass |") == 10
+    listed_html = page[page.index("Tests, flagged") : page.index("<details>")]
+    assert listed_html.count('<tr class="g-fail">') == 3
+    assert "<details><summary>20 more tests (20 passed)</summary>" in page

@@ -3,8 +3,11 @@
 ::
 
     specverify audit --verifier PKG.MOD:NAME [--tier smoke|standard|deep] [--seed N] [--out DIR]
+    specverify audit --tree-verifier PKG.MOD:NAME [--mode iid|wor|topk|any] [--scenario NAME]
     specverify audit --decoder PKG.MOD:FACTORY --target PKG.MOD:FACTORY [--reference PKG.MOD:FACTORY]
     specverify audit --drafter PKG.MOD:FACTORY --target PKG.MOD:FACTORY [--verifier PKG.MOD:NAME]
+    (factories take --ROLE-option KEY=VALUE; --debug shows tracebacks)
+    specverify measure --verifier PKG.MOD:NAME [--verifier-option K=V] [--scenario NAME] [--level 0.95]
     specverify selftest [--tier smoke] [--json] [--matrix PATH]
     specverify examples [--out reports]
     specverify demo
@@ -17,15 +20,18 @@ out-of-vocabulary tokens, or was not deterministic for a fixed seed).
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import contextlib
+import io
 import shlex
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import specverify
+from specverify.cli import measure as measure_command
+from specverify.cli.audit import DEFAULT_ALPHA, DEFAULT_BANDWIDTH, DEFAULT_BYTES_PER_PARAM, run_audit
 from specverify.core.errors import InvalidArgument, SpecVerifyError
-from specverify.core.loading import load_object, parse_options
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 TIERS = ("smoke", "standard", "deep")
@@ -60,33 +66,8 @@ class Progress:
         self.stream.flush()
 
 
-def _instantiate(spec: str, role: str, method: str, options: dict):
-    """Load ``spec``; return an object with ``method``, calling it as a factory with ``options`` if needed."""
-    obj = load_object(spec, argument=f"--{role}")
-    if hasattr(obj, method) and not isinstance(obj, type):
-        if options:
-            raise InvalidArgument(f"--{role}-option given, but --{role} {spec!r} is an instance, not a factory")
-        return obj
-    if not callable(obj):
-        raise InvalidArgument(f"--{role} {spec!r} is neither a factory nor an object with a .{method} method")
-    instance = obj(**options)
-    if not hasattr(instance, method):
-        raise InvalidArgument(f"--{role} {spec!r} returned {type(instance).__name__}, which has no .{method} method")
-    return instance
-
-
-def _verifier(spec: str, options: dict):
-    obj = load_object(spec, argument="--verifier")
-    if options:
-        obj = obj(**options)
-    if hasattr(obj, "verify") and not isinstance(obj, type):
-        return obj.verify
-    if not callable(obj) or isinstance(obj, type):
-        raise InvalidArgument(f"--verifier {spec!r} is not a verify callable")
-    return obj
-
-
 def build_parser() -> argparse.ArgumentParser:
+    """The ``specverify`` argument parser (also what :func:`parse_command` reads recorded commands with)."""
     parser = argparse.ArgumentParser(
         prog="specverify",
         description="Statistical verification of speculative-decoding implementations.",
@@ -96,10 +77,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"specverify {specverify.__version__}")
     sub = parser.add_subparsers(dest="command")
 
-    audit = sub.add_parser("audit", help="audit a verifier, a decoder or a drafter and write a report")
+    _add_audit(sub)
+    measure_command.add_parser(sub)
+    _add_others(sub)
+    return parser
+
+
+def _add_audit(sub) -> None:
+    """The ``audit`` subcommand: what to audit, factory options, drafter cost model, sample sizes, run."""
+    audit = sub.add_parser("audit", help="audit a verifier, a tree verifier, a decoder or a drafter; write a report")
     what = audit.add_argument_group("what to audit")
     what.add_argument(
         "--verifier", metavar="PKG.MOD:NAME", help="verify(target_probs, draft_probs, draft_tokens, *, generator)"
+    )
+    what.add_argument(
+        "--tree-verifier",
+        metavar="PKG.MOD:NAME",
+        help="verify_tree(target_probs, draft_probs, tokens, parents, *, mode, generator): the tree battery",
     )
     what.add_argument(
         "--decoder",
@@ -115,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PKG.MOD:FACTORY",
         help="a second decoder (e.g. direct sampling): two-sample tests instead of exact conditionals",
     )
-    for role in ("verifier", "decoder", "drafter", "target", "reference"):
+    for role in ("verifier", "tree-verifier", "decoder", "drafter", "target", "reference"):
         what.add_argument(
             f"--{role}-option",
             action="append",
@@ -132,9 +126,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--model-params", type=float, help="target parameters, for the memory-bound latency (e.g. 8e9)"
     )
     drafting.add_argument(
-        "--bandwidth", type=float, default=3.35e12, help="memory bandwidth in bytes/s (default H100: 3.35e12)"
+        "--bandwidth",
+        type=float,
+        default=DEFAULT_BANDWIDTH,
+        help="memory bandwidth in bytes/s (default H100: 3.35e12)",
     )
-    drafting.add_argument("--bytes-per-param", type=float, default=2.0, help="bytes per weight (default 2: bf16)")
+    drafting.add_argument(
+        "--bytes-per-param", type=float, default=DEFAULT_BYTES_PER_PARAM, help="bytes per weight (default 2: bf16)"
+    )
+    sizes = audit.add_argument_group("decoder audit (sample sizes)")
+    sizes.add_argument("--num-samples", type=int, metavar="N", help="samples per prompt (default: the tier's plan)")
+    sizes.add_argument(
+        "--max-new-tokens", type=int, metavar="L", help="new tokens per sample (default: the tier's plan)"
+    )
     audit.add_argument(
         "--greedy",
         action="store_true",
@@ -144,12 +148,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--scenario",
         action="append",
         metavar="NAME",
-        help="verifier audit: run only this scenario (repeatable; see list_scenarios)",
+        help="verifier / tree-verifier audit: run only this scenario (repeatable; see list_scenarios)",
+    )
+    audit.add_argument(
+        "--mode",
+        action="append",
+        choices=("iid", "wor", "topk", "any"),
+        help="tree-verifier audit: only scenarios whose children are drawn this way (repeatable)",
     )
     audit.add_argument("--tier", choices=TIERS, default="smoke")
     audit.add_argument("--seed", type=int, default=0)
     audit.add_argument(
-        "--alpha", type=float, default=1e-3, help="family-wise false-alarm rate of the run (default 1e-3)"
+        "--alpha", type=float, default=DEFAULT_ALPHA, help="family-wise false-alarm rate of the run (default 1e-3)"
     )
     audit.add_argument(
         "--out",
@@ -159,7 +169,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     audit.add_argument("--no-plots", action="store_true", help="skip the PNG plots in report.html")
     audit.add_argument("--json", action="store_true", help="print the report JSON instead of the summary")
+    audit.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the traceback when an implementation cannot be built or the run stops",
+    )
 
+
+def _add_others(sub) -> None:
+    """The ``selftest``, ``examples`` and ``demo`` subcommands."""
     selftest = sub.add_parser("selftest", help="mutation score and calibration of the suite itself")
     selftest.add_argument("--tier", choices=TIERS, default="smoke")
     selftest.add_argument("--seed", type=int, default=0)
@@ -168,7 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--matrix", metavar="PATH", help="also write the Markdown mutation matrix (with the peers' tests) to PATH"
     )
 
-    examples = sub.add_parser("examples", help="regenerate the example reports (reports/ in the repository)")
+    examples = sub.add_parser(
+        "examples",
+        help="regenerate the example reports (reports/ in the repository)",
+        description="Regenerate the example reports: the basic ones (seconds each, through `specverify audit`), "
+        "the Hugging Face transformers audit in OUT/hf-transformers (about 8 minutes on 2 CPU cores; alone: "
+        "python -m specverify.cli.examples.hf --out OUT/hf-transformers) and the mutation matrix (selftest, "
+        "about 80 s). Every report records the `specverify audit` command that reproduces it.",
+    )
     examples.add_argument("--out", default="reports", metavar="DIR")
     examples.add_argument("--seed", type=int, default=0)
     examples.add_argument("--tier", choices=TIERS, default="smoke")
@@ -176,7 +201,6 @@ def build_parser() -> argparse.ArgumentParser:
     examples.add_argument("--skip-matrix", action="store_true", help="skip the mutation matrix (selftest + peers)")
 
     sub.add_parser("demo", help="run the canonical rule against an adversarial drafter and print the emitted law")
-    return parser
 
 
 def _run_examples(args) -> int:
@@ -193,7 +217,7 @@ def _run_examples(args) -> int:
         else:
             from specverify.cli.examples.hf import generate_hf_reports
 
-            generate_hf_reports(out / "hf-transformers", seed=args.seed, tier=args.tier)
+            generate_hf_reports(out / "hf-transformers", seed=args.seed, tier=args.tier, progress=print)
     if not args.skip_matrix:
         from specverify.selftest import main as selftest_main
 
@@ -205,65 +229,10 @@ def _run_examples(args) -> int:
     return status
 
 
-def _run_audit(args, argv: list[str]) -> int:
-    options = {
-        role: dict(parse_options(getattr(args, f"{role}_option"), argument=f"--{role}-option"))
-        for role in ("verifier", "decoder", "drafter", "target", "reference")
-    }
-    common = dict(tier=args.tier, seed=args.seed, alpha=args.alpha, progress=Progress())
-    if args.drafter:
-        if not args.target:
-            raise InvalidArgument("--drafter needs --target PKG.MOD:FACTORY")
-        verifier = _verifier(args.verifier, options["verifier"]) if args.verifier else None
-        drafter = _instantiate(args.drafter, "drafter", "draft", options["drafter"])
-        target = _instantiate(args.target, "target", "next_token_probs", options["target"])
-        from specverify.drafter import audit_drafter
-
-        report = audit_drafter(
-            drafter,
-            target,
-            verifier=verifier,
-            k=args.k,
-            draft_cost=args.draft_cost,
-            model_params=args.model_params,
-            bandwidth=args.bandwidth,
-            bytes_per_param=args.bytes_per_param,
-            **common,
-        )
-    elif args.decoder:
-        if not args.target and not args.reference:
-            raise InvalidArgument(
-                "--decoder needs --target PKG.MOD:FACTORY (exact conditionals) or --reference PKG.MOD:FACTORY (two-sample)"
-            )
-        decoder = _instantiate(args.decoder, "decoder", "generate", options["decoder"])
-        target = _instantiate(args.target, "target", "next_token_probs", options["target"]) if args.target else None
-        reference = (
-            _instantiate(args.reference, "reference", "generate", options["reference"]) if args.reference else None
-        )
-        from specverify.decoder import check_decoder
-
-        report = check_decoder(decoder, target, reference=reference, greedy=True if args.greedy else None, **common)
-    elif args.verifier:
-        verify = _verifier(args.verifier, options["verifier"])
-        from specverify.verifier.battery import check_verifier
-
-        report = check_verifier(verify, greedy=args.greedy, scenarios=args.scenario, **common)
-    else:
-        raise InvalidArgument("audit needs one of --verifier, --decoder or --drafter")
-
-    spec, role = (
-        (args.drafter, "drafter")
-        if args.drafter
-        else (args.decoder, "decoder")
-        if args.decoder
-        else (args.verifier, "verifier")
-    )
-    named = spec + ("(" + ", ".join(f"{k}={v!r}" for k, v in options[role].items()) + ")" if options[role] else "")
-    report = dataclasses.replace(
-        report, implementation=named, command="specverify " + " ".join(shlex.quote(a) for a in argv)
-    )
+def _run_audit(args) -> int:
     from specverify.report import write_report
 
+    report = run_audit(args, progress=Progress())
     paths = write_report(report, Path(args.out), plots=not args.no_plots)
     print(report.to_json() if args.json else report.summary())
     if not args.json:
@@ -273,13 +242,62 @@ def _run_audit(args, argv: list[str]) -> int:
     return EXIT_PASS if report.passed else EXIT_FAIL
 
 
+def parse_command(command: str) -> argparse.Namespace:
+    """Parse a recorded ``specverify ...`` command line with this CLI's own parser.
+
+    Raises
+    ------
+    InvalidArgument
+        If ``command`` is not a ``specverify`` command line or the parser rejects it.
+    """
+    argv = shlex.split(command)
+    if not argv or argv[0] != "specverify":
+        raise InvalidArgument(f"command must start with 'specverify', got {command!r}")
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            return build_parser().parse_args(argv[1:])
+    except SystemExit:
+        message = " ".join(stderr.getvalue().split()[-30:])
+        raise InvalidArgument(f"the specverify parser rejected {command!r}: {message}") from None
+
+
+def audit_report(argv: list[str], *, progress=None):
+    """Run ``specverify audit ARGV`` in-process (no files written) and return its Report.
+
+    The arguments go through this CLI's own parser, so the report's ``command`` is the
+    canonical line of exactly this run.
+    """
+    args = parse_command("specverify audit " + shlex.join(argv))
+    return run_audit(args, progress=progress)
+
+
+def _print_error(error: BaseException, debug: bool) -> None:
+    cause = error.__cause__ if isinstance(error, SpecVerifyError) else error
+    if debug and cause is not None:
+        traceback.print_exception(type(cause), cause, cause.__traceback__, file=sys.stderr)
+    if isinstance(error, SpecVerifyError):
+        print(f"specverify: error: {error}", file=sys.stderr)
+    else:
+        message = " ".join(str(error).split()) or "(no message)"
+        hint = "" if debug else " (--debug shows the traceback)"
+        print(f"specverify: error: the run stopped: {type(error).__name__}: {message}{hint}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the ``specverify`` command line; return its exit status (0 pass, 1 fail, 2 usage or broken implementation).
+
+    Errors are one line on stderr; ``audit --debug`` adds the traceback of what raised.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    debug = bool(getattr(args, "debug", False))
     try:
         if args.command == "audit":
-            return _run_audit(args, argv)
+            return _run_audit(args)
+        if args.command == "measure":
+            return measure_command.run(args)
         if args.command == "selftest":
             from specverify.selftest import main as selftest_main
 
@@ -291,7 +309,12 @@ def main(argv: list[str] | None = None) -> int:
 
             return demo_main()
     except SpecVerifyError as error:
-        print(f"specverify: error: {error}", file=sys.stderr)
+        _print_error(error, debug)
+        return EXIT_USAGE
+    except Exception as error:  # an implementation that breaks the run outside the audit's own checks
+        if args.command not in ("audit", "measure"):
+            raise
+        _print_error(error, debug)
         return EXIT_USAGE
     parser.print_help()
     return EXIT_PASS

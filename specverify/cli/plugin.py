@@ -17,6 +17,10 @@ on a battery that could not run and on results no scenario owns.  Statistics are
 JUnit XML properties.  Skips file: lines ``xfail|skip <glob>  # reason``; the glob (``*``,
 ``?``; brackets literal) matches the item name or the scenario name.
 
+Options and the skips file: :mod:`specverify.cli.plugin_settings`; failure messages:
+:mod:`specverify.cli.plugin_messages`.  A report written with ``--specverify-report`` records the
+``specverify audit`` command of the run (the scenario subset included), as the repro lines do.
+
 Battery API (module ``specverify.verifier.battery``, or ``--specverify-battery MODULE``):
 ``list_scenarios(tier, *, greedy=False) -> list[str]`` and ``check_verifier(verify, *, tier,
 seed, alpha, greedy, scenarios, progress, implementation) -> Report``.  Without
@@ -26,10 +30,8 @@ seed, alpha, greedy, scenarios, progress, implementation) -> Report``.  Without
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
-import os
-import re
-import shlex
 import time
 import traceback
 import warnings
@@ -38,33 +40,14 @@ from typing import Any
 
 import pytest
 
+from specverify.cli.plugin_messages import describe, label, mentions
+from specverify.cli.plugin_settings import DEFAULT_BATTERY, Settings, add_options, glob, read_settings, read_skips
+
 __all__ = ["SuspiciousResultWarning", "SpecverifyItem"]
 
-TIERS = ("smoke", "standard", "deep")
 MARKER = "specverify"
 PROTOCOL, WHOLE = "protocol", "battery"  # item names specverify[protocol], specverify[battery]
-DEFAULT_BATTERY = "specverify.verifier.battery"
 MAX_SHOWN = 8  # failing tests spelled out per item
-
-# dest: (default, metavar or None for a flag, help); env SPECVERIFY_<DEST>, ini specverify_<dest>
-_OPTIONS = {
-    "impl": (
-        None,
-        "PKG.MOD:NAME",
-        "verify(target_probs, draft_probs, draft_tokens, *, generator) to test; enables the battery",
-    ),
-    "tier": ("smoke", "TIER", "battery tier: smoke | standard | deep (default smoke)"),
-    "seed": ("0", "N", "root seed of the run (default 0)"),
-    "alpha": ("1e-3", "A", "family-wise false-alarm rate of the selected scenarios together (default 1e-3)"),
-    "skips": (None, "FILE", "file of 'skip|xfail <item glob>  # reason' lines"),
-    "greedy": ("0", None, "the implementation is a greedy verifier: its output must be the argmax continuation"),
-    "report": (None, "DIR", "also write report.json/.md/.html of the run to DIR"),
-    "battery": (
-        DEFAULT_BATTERY,
-        "MODULE",
-        f"module providing list_scenarios and check_verifier (default {DEFAULT_BATTERY})",
-    ),
-}
 
 
 class SuspiciousResultWarning(UserWarning):
@@ -73,37 +56,6 @@ class SuspiciousResultWarning(UserWarning):
 
 class SpecverifyFailure(AssertionError):
     """Raised by a specverify item; its message is the whole failure report (shown without traceback)."""
-
-
-@dataclass(frozen=True)
-class Settings:
-    impl: str
-    tier: str
-    seed: int
-    alpha: float
-    greedy: bool
-    skips: str | None
-    report: str | None
-    battery: str
-
-    def audit_command(self) -> str:
-        parts = ["specverify audit --verifier", shlex.quote(self.impl), "--tier", self.tier, "--seed", str(self.seed)]
-        parts += ["--alpha", f"{self.alpha:g}"] if self.alpha != 1e-3 else []
-        return " ".join(parts + (["--greedy"] if self.greedy else []))
-
-    def pytest_command(self, item_name: str) -> str:
-        parts = [
-            "pytest --specverify-impl",
-            shlex.quote(self.impl),
-            "--specverify-tier",
-            self.tier,
-            "--specverify-seed",
-            str(self.seed),
-        ]
-        parts += ["--specverify-alpha", f"{self.alpha:g}"] if self.alpha != 1e-3 else []
-        parts += ["--specverify-greedy"] if self.greedy else []
-        parts += ["--specverify-battery", shlex.quote(self.battery)] if self.battery != DEFAULT_BATTERY else []
-        return " ".join(parts + ["-k", shlex.quote(item_name)])
 
 
 @dataclass
@@ -134,60 +86,12 @@ _STATE = pytest.StashKey[State]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("specverify", "specverify conformance battery (speculative-decoding verifiers)")
-    for dest, (_, metavar, text) in _OPTIONS.items():
-        text += f" [env SPECVERIFY_{dest.upper()}, ini specverify_{dest}]"
-        if metavar is None:
-            group.addoption(f"--specverify-{dest}", action="store_true", default=None, help=text)
-        else:
-            group.addoption(f"--specverify-{dest}", metavar=metavar, default=None, help=text)
-        parser.addini(f"specverify_{dest}", f"specverify: default for --specverify-{dest}", type="string", default="")
-
-
-def _raw(config: pytest.Config, dest: str) -> Any:
-    value = config.getoption(f"specverify_{dest}", default=None)
-    if value is None:
-        value = (
-            os.environ.get(f"SPECVERIFY_{dest.upper()}", "").strip()
-            or str(config.getini(f"specverify_{dest}") or "").strip()
-        )
-    return value if value not in (None, "") else _OPTIONS[dest][0]
-
-
-def _number(config: pytest.Config, dest: str, kind, valid, what: str):
-    text = _raw(config, dest)
-    try:
-        value = kind(text)
-    except ValueError:
-        value = None
-    if value is None or not valid(value):
-        raise pytest.UsageError(f"--specverify-{dest} must be {what}, got {text!r}")
-    return value
-
-
-def _settings(config: pytest.Config) -> Settings | None:
-    impl = _raw(config, "impl")
-    if not impl:
-        return None
-    tier = str(_raw(config, "tier"))
-    if tier not in TIERS:
-        raise pytest.UsageError(f"--specverify-tier must be one of {', '.join(TIERS)}, got {tier!r}")
-    greedy = _raw(config, "greedy")
-    return Settings(
-        impl=str(impl),
-        tier=tier,
-        seed=_number(config, "seed", int, lambda x: x >= 0, "a non-negative integer"),
-        alpha=_number(config, "alpha", float, lambda x: 0.0 < x < 1.0, "a number in (0, 1)"),
-        greedy=greedy is True or str(greedy).lower() in ("1", "true", "yes", "on"),
-        skips=_raw(config, "skips"),
-        report=_raw(config, "report"),
-        battery=str(_raw(config, "battery")),
-    )
+    add_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{MARKER}: a specverify conformance-battery item (select with -m {MARKER})")
-    settings = _settings(config)
+    settings = read_settings(config)
     if settings is not None:
         config.stash[_STATE] = State(settings)
 
@@ -252,37 +156,6 @@ def _scenario_names(state: State) -> list[str]:
     return list(state.scenarios)
 
 
-def _glob(pattern: str) -> re.Pattern:
-    """``*`` and ``?`` are wildcards; everything else (brackets included) is literal."""
-    return re.compile(re.escape(pattern).replace(r"\*", ".*").replace(r"\?", "."), re.IGNORECASE | re.DOTALL)
-
-
-def _read_skips(config: pytest.Config, path: str) -> list[tuple[str, str, str, int]]:
-    """(action, pattern, reason, line number) per directive; a relative path is tried in the
-    invocation directory, then in the rootdir."""
-    from pathlib import Path
-
-    found = [d / path for d in (config.invocation_params.dir, config.rootpath) if (d / path).is_file()]
-    try:
-        lines = (found[0] if found else Path(path)).read_text(encoding="utf-8").splitlines()
-    except OSError as error:
-        raise pytest.UsageError(f"--specverify-skips {path!r}: cannot read it ({error})") from None
-    directives = []
-    for number, line in enumerate(lines, 1):
-        text, _, comment = line.partition("#")
-        words = text.split()
-        if not words:
-            continue
-        if len(words) != 2 or words[0].lower() not in ("skip", "xfail"):
-            raise pytest.UsageError(
-                f"--specverify-skips {path}:{number}: expected 'skip <glob>' or 'xfail <glob>' "
-                f"(optionally '# reason'), got {line.strip()!r}"
-            )
-        reason = comment.strip() or f"{words[0].lower()} in {os.path.basename(path)}:{number}"
-        directives.append((words[0].lower(), words[1], reason, number))
-    return directives
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
     state = _state(config)
@@ -294,8 +167,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         scenario = None if suffix == PROTOCOL else ("*" if suffix == WHOLE and not state.scenarios else suffix)
         new.append(SpecverifyItem.from_parent(session, name=name, nodeid=name, scenario=scenario))
     if state.settings.skips:
-        for action, pattern, reason, number in _read_skips(config, state.settings.skips):
-            regex = _glob(pattern)
+        for action, pattern, reason, number in read_skips(config, state.settings.skips):
+            regex = glob(pattern)
             hits = [it for it in new if regex.fullmatch(it.name) or (it.scenario and regex.fullmatch(it.scenario))]
             if not hits:
                 state.unmatched.append(f"{state.settings.skips}:{number}: {pattern!r} matches no specverify item")
@@ -377,7 +250,11 @@ def _run(session: pytest.Session, state: State) -> Outcome:
                 f"{s.battery}.check_verifier has no 'scenarios' argument: all "
                 f"{len(state.scenarios)} scenarios ran and were graded together"
             )
-        outcome.report = state.check_verifier(verify, **kwargs)
+        report = state.check_verifier(verify, **kwargs)
+        ran = kwargs.get("scenarios")
+        if dataclasses.is_dataclass(report) and any(f.name == "command" for f in dataclasses.fields(report)):
+            report = dataclasses.replace(report, command=s.audit_command(ran))  # what ran, as a CLI line
+        outcome.report = report
         if s.report:
             from pathlib import Path
 
@@ -401,69 +278,12 @@ def _run(session: pytest.Session, state: State) -> Outcome:
 # ----------------------------------------------------------------------------- messages
 
 
-def _label(result) -> str:
-    name = result.family if result.name in ("", result.family) else f"{result.family}/{result.name}"
-    return f"{name}@{result.position}" if result.position else name
-
-
-def _observed_vs_expected(result, limit: int = 3) -> str:
-    """The deviation in the units of the test: worst bins, offending tokens, score sums, PIT means, counts."""
-    import math
-
-    from specverify.report.content import bin_label, counts_of, fmt
-
-    d = result.details if hasattr(result.details, "get") else {}
-    if result.family == "support" and (d.get("pairs") or d.get("tokens")):
-        return f"emitted tokens of target probability 0: {list(d.get('pairs') or d.get('tokens'))[:5]}"
-    for key, what in (("error", "protocol violation"), ("first", "first mismatch")):
-        if d.get(key):
-            return f"{what}: {d[key]}"
-    counts = counts_of(result)
-    if counts is not None:
-        observed, expected, tokens = counts
-        z = [(o - e) / math.sqrt(e) if e > 0 else math.inf for o, e in zip(observed, expected)]
-        worst = sorted(range(len(z)), key=lambda i: -abs(z[i]))[:limit]
-        return "; ".join(
-            f"{'token ' if tokens[i] is not None else ''}{bin_label(tokens[i], i)}: "
-            f"{fmt(observed[i], '.6g')} vs {fmt(expected[i], '.6g')} (z={z[i]:+.1f})"
-            for i in worst
-        )
-    if "sum" in d and "variance" in d:
-        return f"sum of scores {fmt(d['sum'], '.4g')} vs 0 (sd {fmt(math.sqrt(max(float(d['variance']), 0.0)), '.4g')})"
-    if "mean" in d and "ks_critical" in d:
-        return (
-            f"mean PIT {fmt(d['mean'], '.4g')} vs 0.5; KS distance {fmt(result.statistic, '.4g')} "
-            f"vs critical {fmt(d['ks_critical'], '.4g')}"
-        )
-    pairs = [
-        (str(k)[len("observed") :], k) for k in d if str(k).startswith("observed") and f"expected{str(k)[8:]}" in d
-    ]
-    text = "; ".join(
-        f"{suffix.strip('_') + ' ' if suffix else ''}{fmt(d[k], '.6g')} vs {fmt(d['expected' + suffix], '.6g')}"
-        for suffix, k in pairs[:limit]
-    )
-    return text or "see the report's details"
-
-
-def _describe(result, settings: Settings) -> str:
-    from specverify.report.content import fmt
-
-    seed = result.details.get("seed", settings.seed) if hasattr(result.details, "get") else settings.seed
-    extras = "".join(
-        f", {k}={fmt(v)}"
-        for k, v in (("df", result.df), ("bins", result.bins), ("detectable TV", result.mde_tv))
-        if v is not None
-    )
-    return (
-        f"  {_label(result)} [{(result.grade or '?').upper()}] ({result.method})\n"
-        f"    observed vs expected: {_observed_vs_expected(result)}\n"
-        f"    statistic={fmt(result.statistic, '.4g')}, p={fmt(result.pvalue)}, adjusted p={fmt(result.adjusted_pvalue)}"
-        f" (allocated alpha {fmt(result.alpha)}), N={result.n}{extras}, seed={seed}"
-    )
-
-
-def _mentions(text: str, scenario: str) -> bool:
-    return re.search(rf"(?<![\w-]){re.escape(scenario)}(?![\w-])", text) is not None
+def _audit_command(node, settings: Settings) -> str:
+    """The ``specverify audit`` line of the run (with ``--scenario`` for each scenario when a subset ran)."""
+    state = _state(node.config if hasattr(node, "config") else node)
+    outcome = state.outcome if state is not None else None
+    ran = outcome.selected if outcome is not None and not outcome.note else None
+    return settings.audit_command(ran)
 
 
 class SpecverifyItem(pytest.Item):
@@ -498,7 +318,7 @@ class SpecverifyItem(pytest.Item):
                 errors.append("verdict is 'fail' although no test failed and no implementation error was recorded")
         else:
             results = [r for r in report.results if self.scenario in ("*", r.scenario)]
-            errors = [e for e in report.errors if self.scenario != "*" and _mentions(str(e), self.scenario)]
+            errors = [e for e in report.errors if self.scenario != "*" and mentions(str(e), self.scenario)]
         self._record(results, report)
         self._judge(results, errors, head, s)
 
@@ -515,7 +335,7 @@ class SpecverifyItem(pytest.Item):
         for r in results:
             for key in ("statistic", "pvalue", "adjusted_pvalue", "n", "mde_tv", "grade"):
                 if getattr(r, key) is not None:
-                    self.user_properties.append((f"{_label(r)}.{key}", getattr(r, key)))
+                    self.user_properties.append((f"{label(r)}.{key}", getattr(r, key)))
 
     def _judge(self, results, errors, head: str, settings: Settings) -> None:
         from specverify.report.content import worst_first
@@ -524,7 +344,7 @@ class SpecverifyItem(pytest.Item):
             if r.grade == "suspicious":  # located at the item, not at a line of the plugin
                 message = f"{head}: {self.what} SUSPICIOUS (p below 100x its allocated alpha; not a failure)\n"
                 warnings.warn_explicit(
-                    SuspiciousResultWarning(message + _describe(r, settings)), SuspiciousResultWarning, self.name, 0
+                    SuspiciousResultWarning(message + describe(r, settings)), SuspiciousResultWarning, self.name, 0
                 )
         failed = [r for r in worst_first(results) if r.grade == "fail"]
         if not failed and not errors:
@@ -536,14 +356,14 @@ class SpecverifyItem(pytest.Item):
             + (f": {len(failed)} of {len(results)} tests below their allocated alpha" if failed else "")
         ]
         lines += [f"  implementation error: {e}" for e in errors]
-        lines += [_describe(r, settings) for r in failed[:MAX_SHOWN]]
+        lines += [describe(r, settings) for r in failed[:MAX_SHOWN]]
         if len(failed) > MAX_SHOWN:
             lines.append(f"  ... and {len(failed) - MAX_SHOWN} more failing tests (all in --specverify-report DIR)")
         raise SpecverifyFailure("\n".join(lines + [self._repro(settings)]))
 
     def _repro(self, settings: Settings) -> str:
         return (
-            f"repro: {settings.audit_command()}\n"
+            f"repro: {_audit_command(self.session, settings)}\n"
             f"       {settings.pytest_command(self.name)}   (alone: its own error budget)"
         )
 
@@ -595,4 +415,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         tr.write_line(detectability_sentence(report))
     except Exception:  # a courtesy sentence must never break the summary
         pass
-    tr.write_line(f"repro: {s.audit_command()}" + (f"\nreport: {s.report}" if s.report else ""))
+    tr.write_line(
+        f"repro: {_audit_command(terminalreporter.config, s)}" + (f"\nreport: {s.report}" if s.report else "")
+    )

@@ -9,7 +9,37 @@ from typing import Any
 
 from specverify.core.errors import InvalidArgument
 
-__all__ = ["load_object", "parse_options"]
+__all__ = ["load_object", "parse_options", "MOVED_MODULES"]
+
+#: Modules renamed by the regrouping of the package (old name -> new name), named in the error
+#: of a spec that still uses the old one (reports and scripts written before it do).
+MOVED_MODULES = {
+    "specverify.plugin": "specverify.cli.plugin",
+    "specverify.demo": "specverify.cli.demo",
+    "specverify.examples": "specverify.cli.examples",
+    "specverify.examples.basic": "specverify.cli.examples.basic",
+    "specverify.examples.hf": "specverify.cli.examples.hf",
+    "specverify.examples.factories": "specverify.cli.factories",
+    "specverify.errors": "specverify.core.errors",
+    "specverify.exact": "specverify.core.exact",
+    "specverify.loading": "specverify.core.loading",
+    "specverify.results": "specverify.core.results",
+    "specverify.models": "specverify.core.tables",
+    "specverify.validation": "specverify.core.validation",
+    "specverify.decoder_check": "specverify.decoder",
+    "specverify.pipeline": "specverify.decoder.pipeline",
+    "specverify.drafter_audit": "specverify.drafter",
+    "specverify.efficiency": "specverify.drafter.costmodel",
+    "specverify.decoder_mutants": "specverify.mutants.decoder",
+    "specverify.drafter_mutants": "specverify.mutants.drafter",
+    "specverify.efficiency_limit": "specverify.selftest.lr_limit",
+    "specverify.peers": "specverify.selftest.peers",
+    "specverify.battery": "specverify.verifier.battery",
+    "specverify.harness": "specverify.verifier.harness",
+    "specverify.scenarios": "specverify.verifier.scenarios",
+    "specverify.strategies": "specverify.verifier.strategies",
+    "specverify.drafters": "specverify.verifier.zoo",
+}
 
 
 def load_object(spec: str, *, argument: str = "spec") -> Any:
@@ -28,7 +58,9 @@ def load_object(spec: str, *, argument: str = "spec") -> Any:
     try:
         obj = importlib.import_module(module_name)
     except ImportError as error:
-        raise InvalidArgument(f"{argument}={spec!r}: cannot import module {module_name!r} ({error})") from error
+        moved = MOVED_MODULES.get(module_name)
+        hint = f"; it is now {moved!r}: {moved}:{attr_path}" if moved else ""
+        raise InvalidArgument(f"{argument}={spec!r}: cannot import module {module_name!r} ({error}){hint}") from error
     for part in attr_path.split("."):
         try:
             obj = getattr(obj, part)

@@ -132,6 +132,14 @@ class TestResult:
         )
 
 
+def _unrecorded_command(report: Report) -> str:
+    """The ``command`` of a report whose producer recorded none: a Python comment saying what is known."""
+    return (
+        f"# Python: how this {report.kind} run was started was not recorded; it audited "
+        f"{report.implementation} at tier={report.tier!r}, seed={report.seed!r}, alpha={report.alpha!r}."
+    )
+
+
 @dataclass(frozen=True)
 class Report:
     """The outcome of one specverify run.
@@ -158,6 +166,12 @@ class Report:
         Versions of specverify, torch, numpy, scipy, python; device.
     extra : dict
         Kind-specific sections (e.g. a drafter audit's efficiency table).
+    command : str
+        How to reproduce the run, recorded from what ran: the canonical ``specverify audit ...``
+        line of a command-line run (every spec, factory option, tier, seed, alpha and filter),
+        or a Python snippet (first line starting with ``# Python``, see
+        :mod:`specverify.core.repro`) for a run started from Python with plain objects.
+        Never empty: a report built without one gets a snippet comment naming what is known.
     """
 
     kind: str
@@ -173,6 +187,10 @@ class Report:
     environment: Mapping[str, Any] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
     command: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            object.__setattr__(self, "command", _unrecorded_command(self))
 
     @property
     def passed(self) -> bool:

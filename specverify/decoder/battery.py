@@ -45,6 +45,7 @@ import torch
 
 from specverify import stats
 from specverify.core.errors import ImplementationError, InvalidArgument
+from specverify.core.repro import python_repro
 from specverify.core.results import FAIL, Report, TestResult, protocol_result
 from specverify.core.validation import check_int, check_run_options
 
@@ -211,6 +212,20 @@ def check_decoder(
         seed=seed,
         alpha=alpha,
         environment=_environment(decoder),
+        command=python_repro(
+            "specverify:check_decoder",
+            {"decoder": decoder, "target": target},
+            dict(
+                reference=reference,
+                tier=tier,
+                seed=seed,
+                alpha=alpha,
+                prompts=prompts,
+                greedy=greedy,
+                num_samples=num_samples,
+                max_new_tokens=max_new_tokens,
+            ),
+        ),
     )
     try:
         V = _vocab_size(run, decoder, reference, prompts)

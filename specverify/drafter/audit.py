@@ -47,6 +47,7 @@ import torch
 from reference.rules import verify as canonical_verify
 from specverify import stats
 from specverify.core.errors import ImplementationError, InvalidArgument
+from specverify.core.repro import python_repro
 from specverify.core.results import FAIL, Report, TestResult, protocol_result
 from specverify.core.validation import check_int, check_run_options
 from specverify.decoder import check_decoder
@@ -221,6 +222,21 @@ def audit_drafter(
     plan = AUDIT_PLANS[tier]
     base: dict[str, Any] = dict(
         kind="drafter", implementation=implementation_name(drafter), tier=tier, seed=seed, alpha=alpha
+    )
+    base["command"] = python_repro(
+        "specverify:audit_drafter",
+        {"drafter": drafter, "target": target},
+        dict(
+            verifier=verifier,
+            tier=tier,
+            seed=seed,
+            alpha=alpha,
+            k=k,
+            draft_cost=draft_cost,
+            model_params=model_params,
+            bandwidth=bandwidth,
+            bytes_per_param=bytes_per_param,
+        ),
     )
 
     out = _Collected()

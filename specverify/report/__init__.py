@@ -42,8 +42,7 @@ Keys read from the report (all optional; absent or malformed -> the section is s
     position)}`` or a dict ``{"positions": [records as above], "length_counts": list[int]
     (K+1 entries: blocks that accepted 0..K drafts), "length_probs": list[float] (K+1 entries:
     the exact law of the number of accepted drafts)}`` (each key optional).
-    ``"target"``: str, the ``--target`` factory, used only to build the repro command when
-    ``Report.command`` is empty.
+    ``"target"``: str, the target's name (drafter audits; shown under "Other sections").
     ``"diagnosis"`` (drafter audits): ``{"culprit": "drafter" | "verifier" | "protocol" | None,
     "message": str (one sentence), "failed_tests": list[str]}``; shown right after the verdict
     paragraph, the failing tests listed unless the message names them all.

@@ -10,12 +10,12 @@ non-finite floats are strings such as ``"nan"``), so every number is read throug
 from __future__ import annotations
 
 import math
-import shlex
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from specverify.core.repro import is_python_repro
 from specverify.core.results import FAIL, PASS, SUSPICIOUS, Report, TestResult
 
 GRADE_ORDER = {FAIL: 0, SUSPICIOUS: 1, PASS: 2}
@@ -99,6 +99,34 @@ def sort_key(result: TestResult) -> tuple:
 def worst_first(results: Sequence[TestResult]) -> list[TestResult]:
     """Failures first, then suspicious, pass, ungraded; within a grade by (adjusted) p."""
     return sorted(results, key=sort_key)
+
+
+#: Passing tests listed (worst first) after the flagged ones before the test table folds the rest.
+WORST_SHOWN = 10
+
+
+def split_tests(
+    results: Sequence[TestResult], *, worst: int = WORST_SHOWN
+) -> tuple[list[TestResult], list[TestResult]]:
+    """(listed, folded): every flagged (failed or suspicious) test and the ``worst`` next ones; the rest folded.
+
+    Both lists are worst first; a renderer shows ``listed`` and folds ``folded`` away.
+    """
+    ordered = worst_first(results)
+    flagged = [r for r in ordered if r.grade in (FAIL, SUSPICIOUS)]
+    others = [r for r in ordered if r.grade not in (FAIL, SUSPICIOUS)]
+    return flagged + others[:worst], others[worst:]
+
+
+def grade_counts(results: Sequence[TestResult]) -> str:
+    """``"3 failed, 1 suspicious, 40 passed"`` (grades that occur; ungraded tests as "ungraded")."""
+    names = {FAIL: "failed", SUSPICIOUS: "suspicious", PASS: "passed"}
+    counts: dict[str, int] = {}
+    for r in results:
+        key = names.get(r.grade, "ungraded")
+        counts[key] = counts.get(key, 0) + 1
+    order = ["failed", "suspicious", "passed", "ungraded"]
+    return ", ".join(f"{counts[k]} {k}" for k in order if counts.get(k))
 
 
 def test_label(result: TestResult) -> str:
@@ -225,15 +253,13 @@ def verdict_paragraph(report: Report) -> str:
 
 
 def repro_command(report: Report) -> str:
-    """``report.command``, or ``specverify audit --<kind> <impl> [--target T] --tier <tier> --seed <seed>``."""
-    if report.command:
-        return report.command
-    parts = ["specverify", "audit", f"--{report.kind}", shlex.quote(str(report.implementation))]
-    target = report.extra.get("target") if isinstance(report.extra, Mapping) else None
-    if isinstance(target, str) and target and report.kind in ("decoder", "drafter"):
-        parts += ["--target", shlex.quote(target)]
-    parts += ["--tier", shlex.quote(str(report.tier)), "--seed", shlex.quote(str(report.seed))]
-    return " ".join(parts)
+    """How to rerun the report: ``report.command`` (a command line, or a Python snippet for runs from Python)."""
+    return str(report.command or "")
+
+
+def repro_is_python(report: Report) -> bool:
+    """True when the recorded repro is a Python snippet (the run was started from Python), not a command line."""
+    return is_python_repro(repro_command(report))
 
 
 def seeds(report: Report) -> list[tuple[str, Any]]:
@@ -363,8 +389,8 @@ def acceptance(report: Report) -> list[AcceptanceScenario]:
 
 
 def other_extra(report: Report, *, exclude: Sequence[str] | set[str] = ()) -> dict[str, Any]:
-    """``extra`` less the keys rendered in their own sections (``acceptance``, ``target`` and ``exclude``)."""
+    """``extra`` less the keys rendered in their own sections (``acceptance`` and ``exclude``)."""
     if not isinstance(report.extra, Mapping):
         return {}
-    skip = {"acceptance", "target", *exclude}
+    skip = {"acceptance", *exclude}
     return {k: v for k, v in report.extra.items() if k not in skip}

@@ -421,3 +421,33 @@ def latency_sentence(eff: Efficiency) -> str:
     if lat.note:
         text += " " + lat.note[0].upper() + lat.note[1:] + ("" if lat.note.endswith(".") else ".")
     return text
+
+
+def summary_items(eff: Efficiency) -> list[str]:
+    """The efficiency answer in a few lines, for the top of a drafter audit: acceptance per position
+    vs exact, tokens per target pass, best K and speedup per drafter cost, memory-bound latency."""
+    out = []
+    if eff.positions:
+        rates = ", ".join(
+            f"{r.position}: {c.fmt(r.observed, '.3f')}"
+            + (f" ({c.fmt(r.expected, '.3f')})" if r.expected is not None else "")
+            for r in eff.positions
+        )
+        out.append(f"Acceptance per in-block position, observed (exact): {rates}.")
+    per_pass = next((m for m in eff.metrics if m.label == "tokens per target pass"), None)
+    if per_pass is not None:
+        exact = f" (exact {c.fmt(per_pass.exact, '#.4g')})" if per_pass.exact is not None else ""
+        k = f" at K={eff.k}" if eff.k is not None else ""
+        out.append(f"Tokens per target pass{k}: {c.fmt(per_pass.observed, '#.4g')}{exact}.")
+    out += [f"Speedup, drafter cost {s}" for s in speedup_sentences(eff)]
+    lat = eff.latency
+    if lat is not None:
+        text = f"Memory-bound latency per token: plain decoding {fmt_seconds(lat.target_pass_seconds)}"
+        best = [cv for cv in eff.curves if cv.seconds_at_best_k is not None and cv.best_k is not None]
+        if best:
+            cv = best[0]
+            text += (
+                f"; speculative at best K={cv.best_k} (c={c.fmt(cv.cost, '.3g')}) {fmt_seconds(cv.seconds_at_best_k)}"
+            )
+        out.append(text + ".")
+    return out

@@ -3,8 +3,9 @@
 One file: inline CSS, plots as inline ``data:image/png;base64`` images, no
 JavaScript, no external resources, so it can be attached to a CI run or mailed.
 Every string from the report passes through :func:`html.escape`.  The section
-order matches the Markdown (:mod:`specverify.report.markdown`); the test table
-shows every test, the ones past the first 50 inside a ``<details>`` element.
+order matches the Markdown (:mod:`specverify.report.markdown`), except that the plots
+themselves sit where the Markdown points to them: before the test table.  The test table
+lists every flagged test and the worst others; the rest are inside a ``<details>`` element.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ from specverify.report import drafter as d
 from specverify.report.plots import PlotSet, render_plots
 
 __all__ = ["render_html"]
-
-VISIBLE_ROWS = 50
 
 CSS = """
 body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;font-size:15px;line-height:1.45;
@@ -48,6 +47,7 @@ figcaption{color:#57606a;font-size:13px} .note{color:#57606a;font-size:13px}
 details summary{cursor:pointer;font-weight:600;margin:6px 0}
 .diagnosis{border:1px solid #d0d7de;border-radius:4px;padding:8px 14px;margin:8px 0 12px;background:#f6f8fa}
 .d-drafter,.d-verifier,.d-protocol,.d-other{border-color:#c62828;background:#fff}
+ul.summary{background:#f6f8fa;border:1px solid #d0d7de;border-radius:6px;padding:8px 14px 8px 30px}
 """
 
 
@@ -135,25 +135,32 @@ RESULT_NUMERIC = "r.....rrrrrrm"
 
 
 def _tests_section(report: Report) -> list[str]:
-    results = c.worst_first(report.results)
-    counts = {g: sum(r.grade == g for r in results) for g in (FAIL, SUSPICIOUS, PASS)}
-    out = [
-        f"<h2>Tests, worst first ({len(results)}: {counts[FAIL]} failed, {counts[SUSPICIOUS]} suspicious, "
-        f"{counts[PASS]} passed)</h2>"
-    ]
-    if not results:
+    listed, folded = c.split_tests(report.results)
+    out = [f"<h2>Tests, flagged and worst first ({len(report.results)}: {esc(c.grade_counts(report.results))})</h2>"]
+    if not listed:
         return out + ["<p>No statistical tests ran.</p>"]
-    rows, classes = _result_rows(results[:VISIBLE_ROWS], 1)
+    rows, classes = _result_rows(listed, 1)
     out.append(table(RESULT_HEADER, rows, RESULT_NUMERIC, classes))
-    rest = results[VISIBLE_ROWS:]
-    if rest:
-        rows, classes = _result_rows(rest, VISIBLE_ROWS + 1)
-        out.append(f"<details><summary>{len(rest)} more tests</summary>")
+    if folded:
+        rows, classes = _result_rows(folded, len(listed) + 1)
+        out.append(f"<details><summary>{len(folded)} more tests ({esc(c.grade_counts(folded))})</summary>")
         out.append(table(RESULT_HEADER, rows, RESULT_NUMERIC, classes) + "</details>")
     out.append(
         '<p class="note">Detectable TV: the binned total-variation distance the test detects with power '
         "0.9 at its allocated alpha.</p>"
     )
+    return out
+
+
+def _repro_section(report: Report) -> list[str]:
+    out = ["<h2>Reproduce</h2>"]
+    if c.repro_is_python(report):
+        out.append(
+            '<p class="note">This run was started from Python with plain objects; the snippet below says how '
+            "to rerun it.</p>"
+        )
+    out.append(f"<pre>{esc(c.repro_command(report))}</pre>")
+    out.append(table(["seed", "value"], [[esc(k), _value(v)] for k, v in c.seeds(report)]))
     return out
 
 
@@ -260,6 +267,9 @@ def _efficiency_section(report: Report) -> list[str]:
     if eff is None:
         return []
     out = ["<h2>Efficiency</h2>"]
+    summary = d.summary_items(eff)
+    if summary:
+        out.append('<ul class="summary">' + "".join(f"<li>{esc(s)}</li>" for s in summary) + "</ul>")
     sample = d.sample_sentence(eff)
     if sample:
         out.append(f"<p>{esc(sample)}</p>")
@@ -310,6 +320,19 @@ def _plots_section(plot_set: PlotSet | None) -> list[str]:
     return out
 
 
+def _scenarios_section(report: Report) -> list[str]:
+    if not report.scenarios:
+        return []
+    body = ["<h2>Scenarios</h2><ul>"]
+    for sc in report.scenarios:
+        if isinstance(sc, Mapping):
+            items = ", ".join(f"{esc(k)}={_value(v)}" for k, v in sc.items() if not str(k).endswith("_preview"))
+        else:
+            items = _value(sc)
+        body.append(f"<li>{items}</li>")
+    return body + ["</ul>"]
+
+
 def _mapping_section(title: str, data: Any) -> list[str]:
     if not isinstance(data, Mapping) or not data:
         return []
@@ -331,29 +354,17 @@ def render_html(report: Report, *, plots: bool = True) -> str:
         f'<div class="verdict v-{cls}">{esc(c.verdict_paragraph(report))}</div>',
     ]
     body += _diagnosis_section(report)
+    body += _efficiency_section(report)
     if report.errors:
         body.append(f'<div class="errors"><h2>Implementation errors ({len(report.errors)})</h2>')
         body += [f"<pre>{esc(e)}</pre>" for e in report.errors]
         body.append("</div>")
     body += _counterexample_section(report)
-    body += [
-        "<h2>Reproduce</h2>",
-        f"<pre>{esc(c.repro_command(report))}</pre>",
-        table(["seed", "value"], [[esc(k), _value(v)] for k, v in c.seeds(report)]),
-    ]
-    body += _tests_section(report)
+    body += _repro_section(report)
     body += _plots_section(render_plots(report) if plots else None)
-    body += _efficiency_section(report)
+    body += _tests_section(report)
     body += _acceptance_section(report)
-    if report.scenarios:
-        body.append("<h2>Scenarios</h2><ul>")
-        for sc in report.scenarios:
-            if isinstance(sc, Mapping):
-                items = ", ".join(f"{esc(k)}={_value(v)}" for k, v in sc.items() if not str(k).endswith("_preview"))
-            else:
-                items = _value(sc)
-            body.append(f"<li>{items}</li>")
-        body.append("</ul>")
+    body += _scenarios_section(report)
     body += _mapping_section("Timings (seconds)", report.timings)
     body += _mapping_section("Environment", report.environment)
     body += _mapping_section("Other sections", c.other_extra(report, exclude=d.rendered_extra_keys(report)))

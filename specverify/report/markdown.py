@@ -1,11 +1,13 @@
 """Markdown rendering of a :class:`~specverify.core.results.Report` (``report.md``).
 
-Order: title and one-line configuration, the verdict paragraph, the diagnosis
-(drafter audits: which component is at fault), implementation
-errors, the minimal counterexample (failures), the repro command and seeds, the
-test table worst first (capped at ``max_rows`` with an "N more" line), a pointer to
-the plots, the drafter audit's efficiency section, acceptance tables,
-configuration, timings, environment and other sections.  Every string taken from
+Order (what the reader asked first): title and one-line configuration, the verdict
+paragraph, the diagnosis (drafter audits: which component is at fault), the drafter
+audit's efficiency section (a summary -- acceptance per position vs exact, tokens per
+target pass, best K and speedup, memory-bound latency -- then its tables), implementation
+errors, the minimal counterexample (failures), the repro command (or Python snippet) and
+seeds, a pointer to the plots, the test table (every flagged test and the worst others
+listed, the rest folded in ``<details>``), acceptance tables, configuration, timings,
+environment and other sections.  Every string taken from
 the report is escaped (CommonMark backslash escapes, code spans with a long
 enough fence) so that an implementation name such as ``<script>`` stays text.
 Plots live in ``report.html`` only (Markdown viewers do not show data URIs).
@@ -202,6 +204,7 @@ def efficiency_lines(report: Report) -> list[str]:
     if eff is None:
         return []
     lines = ["## Efficiency", ""]
+    lines += [f"- {md_text(item)}" for item in d.summary_items(eff)] + [""]
     sample = d.sample_sentence(eff)
     if sample:
         lines += [md_text(sample), ""]
@@ -245,65 +248,91 @@ def mapping_lines(title: str, data: Any) -> list[str]:
     return [f"## {title}", ""] + table(["key", "value"], rows) + [""]
 
 
+def _test_table(results: list[TestResult]) -> list[str]:
+    return table(RESULT_HEADER, (result_row(i + 1, r) for i, r in enumerate(results)), RESULT_ALIGN)
+
+
+def tests_lines(report: Report, *, max_rows: int = 40) -> list[str]:
+    """The test table: flagged and worst tests listed, the rest folded in ``<details>`` (at most
+    ``max_rows`` rows in each part; every test is in report.json and report.html)."""
+    listed, folded = c.split_tests(report.results)
+    lines = [f"## Tests, flagged and worst first ({len(report.results)}: {c.grade_counts(report.results)})", ""]
+    if not listed:
+        return lines + ["No statistical tests ran.", ""]
+    shown = listed[:max_rows]
+    lines += _test_table(shown)
+    hidden = listed[len(shown) :] + folded
+    if hidden:
+        inside = hidden[:max_rows]
+        rest = hidden[len(inside) :]
+        lines += ["", f"<details><summary>{len(hidden)} more tests ({c.grade_counts(hidden)})</summary>", ""]
+        lines += table(RESULT_HEADER, (result_row(len(shown) + i + 1, r) for i, r in enumerate(inside)), RESULT_ALIGN)
+        if rest:
+            lines += [
+                "",
+                f"... and {len(rest)} more tests ({c.grade_counts(rest)}); all are in report.json and report.html.",
+            ]
+        lines += ["", "</details>"]
+    lines += [
+        "",
+        "Detectable TV: the binned total-variation distance this test detects with power 0.9 at its alpha.",
+        "",
+    ]
+    return lines
+
+
+def repro_lines(report: Report) -> list[str]:
+    """The Reproduce section: the recorded command line (or Python snippet) and every seed."""
+    python = c.repro_is_python(report)
+    lines = ["## Reproduce", ""]
+    if python:
+        lines += ["This run was started from Python with plain objects; the snippet below says how to rerun it.", ""]
+    lines += md_block(c.repro_command(report), "python" if python else "sh") + [""]
+    lines += table(["seed", "value"], [[md_text(k), _value(v)] for k, v in c.seeds(report)]) + [""]
+    return lines
+
+
+def scenario_lines(report: Report) -> list[str]:
+    if not report.scenarios:
+        return []
+    lines = ["## Scenarios", ""]
+    for sc in report.scenarios:
+        if isinstance(sc, Mapping):
+            items = ", ".join(f"{md_text(k)}={_value(v)}" for k, v in sc.items() if not str(k).endswith("_preview"))
+            lines.append(f"- {items}")
+        else:
+            lines.append(f"- {_value(sc)}")
+    return lines + [""]
+
+
 def render_markdown(report: Report, *, max_rows: int = 40) -> str:
-    """Render ``report`` as Markdown; the test table shows the ``max_rows`` worst tests."""
-    results = c.worst_first(report.results)
-    counts = {g: sum(r.grade == g for r in results) for g in (FAIL, SUSPICIOUS, PASS)}
+    """Render ``report`` as Markdown (section order in the module docstring).
+
+    ``max_rows`` caps the listed part of the test table and, separately, its folded part.
+    """
     total_time = report.timings.get("total") if isinstance(report.timings, Mapping) else None
     lines = [
         f"# specverify {md_text(report.kind)} audit: {md_text(str(report.verdict).upper())}",
         "",
         f"Implementation {md_code(report.implementation)} · tier {md_code(report.tier)} · seed "
-        f"{md_code(report.seed)} · alpha {c.fmt(report.alpha)} · {len(results)} tests · time "
+        f"{md_code(report.seed)} · alpha {c.fmt(report.alpha)} · {len(report.results)} tests · time "
         f"{c.fmt(total_time, '.1f', 'n/a')} s",
         "",
         md_text(c.verdict_paragraph(report)),
         "",
     ]
     lines += diagnosis_lines(report)
+    lines += efficiency_lines(report)
     if report.errors:
         lines += [f"## Implementation errors ({len(report.errors)})", ""]
         for e in report.errors:
             lines += md_block(e) + [""]
     lines += counterexample_lines(report)
-    lines += ["## Reproduce", ""] + md_block(c.repro_command(report), "sh") + [""]
-    lines += table(["seed", "value"], [[md_text(k), _value(v)] for k, v in c.seeds(report)]) + [""]
-
-    lines += [
-        f"## Tests, worst first ({len(results)}: {counts[FAIL]} failed, {counts[SUSPICIOUS]} suspicious, "
-        f"{counts[PASS]} passed)",
-        "",
-    ]
-    if results:
-        shown = results[:max_rows]
-        lines += table(RESULT_HEADER, (result_row(i + 1, r) for i, r in enumerate(shown)), RESULT_ALIGN)
-        rest = results[len(shown) :]
-        if rest:
-            rest_counts = ", ".join(
-                f"{sum(r.grade == g for r in rest)} {g}"
-                for g in (FAIL, SUSPICIOUS, PASS)
-                if any(r.grade == g for r in rest)
-            )
-            lines += ["", f"... and {len(rest)} more tests ({rest_counts}); all are in report.json and report.html."]
-        lines += [
-            "",
-            "Detectable TV: the binned total-variation distance this test detects with power 0.9 at its alpha.",
-        ]
-    else:
-        lines.append("No statistical tests ran.")
-    lines.append("")
+    lines += repro_lines(report)
     lines += ["## Plots", "", "Plots are embedded in report.html.", ""]
-    lines += efficiency_lines(report)
+    lines += tests_lines(report, max_rows=max_rows)
     lines += acceptance_lines(report)
-    if report.scenarios:
-        lines += ["## Scenarios", ""]
-        for _i, sc in enumerate(report.scenarios):
-            if isinstance(sc, Mapping):
-                items = ", ".join(f"{md_text(k)}={_value(v)}" for k, v in sc.items() if not str(k).endswith("_preview"))
-                lines.append(f"- {items}")
-            else:
-                lines.append(f"- {_value(sc)}")
-        lines.append("")
+    lines += scenario_lines(report)
     lines += mapping_lines("Timings (seconds)", report.timings)
     lines += mapping_lines("Environment", report.environment)
     lines += mapping_lines("Other sections", c.other_extra(report, exclude=d.rendered_extra_keys(report)))

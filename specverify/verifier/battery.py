@@ -41,6 +41,7 @@ import torch
 from reference.rules import greedy_verify
 from specverify import stats
 from specverify.core.errors import ImplementationError, InvalidArgument
+from specverify.core.repro import python_repro
 from specverify.core.results import FAIL, Report, TestResult, protocol_result
 from specverify.core.tables import TableModel
 from specverify.core.validation import check_alpha, check_int, check_run_options
@@ -371,6 +372,11 @@ def check_verifier(
         timings=timings,
         environment=environment(),
         extra={"mode": "greedy" if greedy else "sampling", "cpu_seconds": cpu},
+        command=python_repro(
+            "specverify:check_verifier",
+            {"verify": verify},
+            dict(tier=tier, seed=seed, alpha=alpha, greedy=greedy, scenarios=scenarios, implementation=implementation),
+        ),
     )
 
 

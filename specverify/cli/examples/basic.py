@@ -14,6 +14,9 @@ Writes one directory per report (``report.json``, ``report.md``, ``report.html``
   top-k 20, temperature 0.8) against its target's exact conditionals;
 * ``drafter-<name>``: drafter audits of three zoo drafters (consistency, losslessness, efficiency);
 
+each made by running its ``specverify audit`` arguments (:func:`jobs`) through the CLI, so every
+report's ``command`` is the command line that reproduces it,
+
 and ``reports/README.md``, an index with each verdict, runtime and detectable TV.
 """
 
@@ -24,7 +27,7 @@ import math
 import time
 from pathlib import Path
 
-__all__ = ["generate_basic_reports", "write_index"]
+__all__ = ["jobs", "generate_basic_reports", "write_index"]
 
 
 def _detectable(report) -> str:
@@ -32,48 +35,43 @@ def _detectable(report) -> str:
     return f"{tvs[len(tvs) // 2]:.3g} (best {tvs[0]:.3g})" if tvs else "n/a"
 
 
-def _jobs(seed: int, tier: str):
-    """(directory name, description, thunk returning a Report) for every example."""
-    from reference.rules import verify
-    from specverify.cli.examples import factories
-    from specverify.decoder import check_decoder
+FACTORIES = "specverify.cli.factories"
+
+
+def jobs(seed: int = 0, tier: str = "smoke") -> list[tuple[str, str, list[str]]]:
+    """(directory name, description, ``specverify audit`` arguments) of every example report.
+
+    Every report is made by running these arguments through the CLI, so the ``command``
+    it records is the command line that reproduces it.
+    """
     from specverify.mutants import by_name
-    from specverify.verifier.battery import check_verifier
 
-    mutant = by_name("residual_is_p")
-    yield (
-        "reference-verifier",
-        "canonical rule `reference.rules:verify`",
-        lambda: check_verifier(verify, tier=tier, seed=seed, implementation="reference.rules:verify"),
-    )
-    yield (
-        "mutant-residual-is-p",
-        f"mutant `residual_is_p` ({mutant.provenance})",
-        lambda: check_verifier(mutant.fn, tier=tier, seed=seed, implementation="specverify.mutants:residual_is_p"),
-    )
-    options = dict(temperature=0.8, top_k=20)
-    yield (
-        "reference-decoder",
-        "reference speculative decoder, T=0.8, top-k 20, K=4",
-        lambda: check_decoder(
-            factories.reference_decoder(**options), factories.reference_target(**options), tier=tier, seed=seed
+    run = ["--tier", tier, "--seed", str(seed)]
+    sampling = ["temperature=0.8", "top_k=20"]
+    out = [
+        ("reference-verifier", "canonical rule `reference.rules:verify`", ["--verifier", "reference.rules:verify"]),
+        (
+            "mutant-residual-is-p",
+            f"mutant `residual_is_p` ({by_name('residual_is_p').provenance})",
+            ["--verifier", "specverify.mutants:residual_is_p"],
         ),
-    )
-    from specverify.drafter import audit_drafter
-
+        (
+            "reference-decoder",
+            "reference speculative decoder, T=0.8, top-k 20, K=4",
+            ["--decoder", f"{FACTORIES}:reference_decoder", *(a for o in sampling for a in ("--decoder-option", o))]
+            + ["--target", f"{FACTORIES}:reference_target", *(a for o in sampling for a in ("--target-option", o))],
+        ),
+    ]
     for name in ("oracle", "noisy", "adversary"):
-        yield (
-            f"drafter-{name}",
-            f"zoo drafter `{name}` on a Markov table target (V=16)",
-            lambda name=name: audit_drafter(
-                factories.zoo_drafter(name=name),
-                factories.table_target(),
-                tier=tier,
-                seed=seed,
-                draft_cost=0.05,
-                model_params=8e9,
-            ),
+        out.append(
+            (
+                f"drafter-{name}",
+                f"zoo drafter `{name}` on a Markov table target (V=16)",
+                ["--drafter", f"{FACTORIES}:zoo_drafter", "--drafter-option", f"name={name}"]
+                + ["--target", f"{FACTORIES}:table_target", "--draft-cost", "0.05", "--model-params", "8e9"],
+            )
         )
+    return [(name, what, argv + run) for name, what, argv in out]
 
 
 def write_index(out_dir: Path, rows: list[tuple[str, str, object, float]], *, command: str) -> Path:
@@ -96,7 +94,9 @@ def write_index(out_dir: Path, rows: list[tuple[str, str, object, float]], *, co
     lines += [
         "",
         "Each directory holds `report.json` (the versioned schema), `report.md` and a self-contained "
-        "`report.html`. The mutation matrix is `mutation-matrix.md` (`specverify selftest --tier smoke "
+        "`report.html`. Every report records the `specverify audit` command that made it (its `command` field "
+        "and its Reproduce section); `tests/test_repro.py` reruns each one and checks the verdict and every "
+        "statistic and p-value. The mutation matrix is `mutation-matrix.md` (`specverify selftest --tier smoke "
         "--matrix reports/mutation-matrix.md`); the Hugging Face audit is in `hf-transformers/`.",
         "",
     ]
@@ -108,16 +108,35 @@ def write_index(out_dir: Path, rows: list[tuple[str, str, object, float]], *, co
 def generate_basic_reports(
     out_dir="reports", *, seed: int = 0, tier: str = "smoke", plots: bool = True, only=None, progress=print
 ) -> list:
-    """Run every example audit, write its report under ``out_dir/<name>/`` and the index; return the rows."""
+    """Run every example audit through the CLI, write its report under ``out_dir/<name>/`` and the index.
+
+    Parameters
+    ----------
+    out_dir : path
+        Parent directory of the report directories and ``README.md``.
+    seed, tier : int, str
+        Root seed and tier of every audit.
+    plots : bool
+        Embed PNG plots in ``report.html``.
+    only : collection of str, optional
+        Run only these report names.
+    progress : callable, optional
+        ``progress(message)`` after each report.
+
+    Returns
+    -------
+    list of (name, description, Report, seconds)
+    """
+    from specverify.cli.commands import audit_report
     from specverify.report import write_report
 
     out_dir = Path(out_dir)
     rows = []
-    for name, what, run in _jobs(seed, tier):
+    for name, what, argv in jobs(seed, tier):
         if only and name not in only:
             continue
         start = time.perf_counter()
-        report = run()
+        report = audit_report(argv)
         seconds = time.perf_counter() - start
         write_report(report, out_dir / name, plots=plots)
         rows.append((name, what, report, seconds))

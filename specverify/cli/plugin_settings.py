@@ -1,0 +1,200 @@
+"""Settings of the pytest plugin (:mod:`specverify.cli.plugin`): options, their sources, the skips file.
+
+Each ``--specverify-<dest>`` option may also come from the environment (``SPECVERIFY_<DEST>``)
+or the ini file (``specverify_<dest>``), in that order of precedence.  Standard library and
+pytest only: nothing heavy is imported until the battery runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+__all__ = [
+    "DEFAULT_BATTERY",
+    "OPTIONS",
+    "TIERS",
+    "TREE_BATTERY",
+    "Settings",
+    "add_options",
+    "glob",
+    "read_settings",
+    "read_skips",
+]
+
+TIERS = ("smoke", "standard", "deep")
+DEFAULT_BATTERY = "specverify.verifier.battery"
+TREE_BATTERY = "specverify.verifier.tree.battery"
+
+# dest: (default, metavar or None for a flag, help); env SPECVERIFY_<DEST>, ini specverify_<dest>
+OPTIONS = {
+    "impl": (
+        None,
+        "PKG.MOD:NAME",
+        "verify(target_probs, draft_probs, draft_tokens, *, generator) to test; enables the battery",
+    ),
+    "tree_impl": (
+        None,
+        "PKG.MOD:NAME",
+        f"verify_tree(target_probs, draft_probs, tokens, parents, *, mode, generator) to test with the tree "
+        f"battery ({TREE_BATTERY})",
+    ),
+    "tier": ("smoke", "TIER", "battery tier: smoke | standard | deep (default smoke)"),
+    "seed": ("0", "N", "root seed of the run (default 0)"),
+    "alpha": ("1e-3", "A", "family-wise false-alarm rate of the selected scenarios together (default 1e-3)"),
+    "skips": (None, "FILE", "file of 'skip|xfail <item glob>  # reason' lines"),
+    "greedy": ("0", None, "the implementation is a greedy verifier: its output must be the argmax continuation"),
+    "report": (None, "DIR", "also write report.json/.md/.html of the run to DIR"),
+    "battery": (
+        DEFAULT_BATTERY,
+        "MODULE",
+        f"module providing list_scenarios and check_verifier (default {DEFAULT_BATTERY})",
+    ),
+}
+
+
+def add_options(parser: pytest.Parser) -> None:
+    """Register every ``--specverify-<dest>`` option and its ini key."""
+    group = parser.getgroup("specverify", "specverify conformance battery (speculative-decoding verifiers)")
+    for dest, (_, metavar, text) in OPTIONS.items():
+        flag = "--specverify-" + dest.replace("_", "-")
+        text += f" [env SPECVERIFY_{dest.upper()}, ini specverify_{dest}]"
+        if metavar is None:
+            group.addoption(flag, action="store_true", default=None, dest=f"specverify_{dest}", help=text)
+        else:
+            group.addoption(flag, metavar=metavar, default=None, dest=f"specverify_{dest}", help=text)
+        parser.addini(f"specverify_{dest}", f"specverify: default for {flag}", type="string", default="")
+
+
+@dataclass(frozen=True)
+class Settings:
+    impl: str
+    tier: str
+    seed: int
+    alpha: float
+    greedy: bool
+    skips: str | None
+    report: str | None
+    battery: str
+    tree: bool = False
+
+    def audit_command(self, scenarios=None) -> str:
+        """The ``specverify audit`` line of the same run (``scenarios``: the subset that ran, if not all).
+
+        Built by the CLI's own :func:`specverify.cli.audit.audit_command`, so it parses with the
+        CLI's parser and reruns the same battery (the battery module must be the default one).
+        """
+        from specverify.cli.audit import audit_command
+
+        args = SimpleNamespace(
+            verifier=None if self.tree else self.impl,
+            verifier_option=[],
+            tree_verifier=self.impl if self.tree else None,
+            tree_verifier_option=[],
+            greedy=self.greedy,
+            scenario=list(scenarios) if scenarios else None,
+            tier=self.tier,
+            seed=self.seed,
+            alpha=self.alpha,
+        )
+        return audit_command(args)
+
+    def pytest_command(self, item_name: str) -> str:
+        parts = [
+            "pytest --specverify-tree-impl" if self.tree else "pytest --specverify-impl",
+            shlex.quote(self.impl),
+            "--specverify-tier",
+            self.tier,
+            "--specverify-seed",
+            str(self.seed),
+        ]
+        parts += ["--specverify-alpha", f"{self.alpha:g}"] if self.alpha != 1e-3 else []
+        parts += ["--specverify-greedy"] if self.greedy else []
+        default = TREE_BATTERY if self.tree else DEFAULT_BATTERY
+        parts += ["--specverify-battery", shlex.quote(self.battery)] if self.battery != default else []
+        return " ".join(parts + ["-k", shlex.quote(item_name)])
+
+
+def _raw(config: pytest.Config, dest: str) -> Any:
+    value = config.getoption(f"specverify_{dest}", default=None)
+    if value is None:
+        value = (
+            os.environ.get(f"SPECVERIFY_{dest.upper()}", "").strip()
+            or str(config.getini(f"specverify_{dest}") or "").strip()
+        )
+    return value if value not in (None, "") else OPTIONS[dest][0]
+
+
+def _number(config: pytest.Config, dest: str, kind, valid, what: str):
+    text = _raw(config, dest)
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or not valid(value):
+        raise pytest.UsageError(f"--specverify-{dest} must be {what}, got {text!r}")
+    return value
+
+
+def read_settings(config: pytest.Config) -> Settings | None:
+    """The run's settings, or None when no implementation is named (the plugin stays inert)."""
+    impl, tree_impl = _raw(config, "impl"), _raw(config, "tree_impl")
+    if impl and tree_impl:
+        raise pytest.UsageError("give --specverify-impl (a chain verifier) or --specverify-tree-impl, not both")
+    if not (impl or tree_impl):
+        return None
+    battery = str(_raw(config, "battery"))
+    if tree_impl and battery == DEFAULT_BATTERY:
+        battery = TREE_BATTERY
+    tier = str(_raw(config, "tier"))
+    if tier not in TIERS:
+        raise pytest.UsageError(f"--specverify-tier must be one of {', '.join(TIERS)}, got {tier!r}")
+    greedy = _raw(config, "greedy")
+    return Settings(
+        impl=str(impl or tree_impl),
+        tier=tier,
+        seed=_number(config, "seed", int, lambda x: x >= 0, "a non-negative integer"),
+        alpha=_number(config, "alpha", float, lambda x: 0.0 < x < 1.0, "a number in (0, 1)"),
+        greedy=greedy is True or str(greedy).lower() in ("1", "true", "yes", "on"),
+        skips=_raw(config, "skips"),
+        report=_raw(config, "report"),
+        battery=battery,
+        tree=bool(tree_impl),
+    )
+
+
+def glob(pattern: str) -> re.Pattern:
+    """``*`` and ``?`` are wildcards; everything else (brackets included) is literal."""
+    return re.compile(re.escape(pattern).replace(r"\*", ".*").replace(r"\?", "."), re.IGNORECASE | re.DOTALL)
+
+
+def read_skips(config: pytest.Config, path: str) -> list[tuple[str, str, str, int]]:
+    """(action, pattern, reason, line number) per directive; a relative path is tried in the
+    invocation directory, then in the rootdir."""
+    from pathlib import Path
+
+    found = [d / path for d in (config.invocation_params.dir, config.rootpath) if (d / path).is_file()]
+    try:
+        lines = (found[0] if found else Path(path)).read_text(encoding="utf-8").splitlines()
+    except OSError as error:
+        raise pytest.UsageError(f"--specverify-skips {path!r}: cannot read it ({error})") from None
+    directives = []
+    for number, line in enumerate(lines, 1):
+        text, _, comment = line.partition("#")
+        words = text.split()
+        if not words:
+            continue
+        if len(words) != 2 or words[0].lower() not in ("skip", "xfail"):
+            raise pytest.UsageError(
+                f"--specverify-skips {path}:{number}: expected 'skip <glob>' or 'xfail <glob>' "
+                f"(optionally '# reason'), got {line.strip()!r}"
+            )
+        reason = comment.strip() or f"{words[0].lower()} in {os.path.basename(path)}:{number}"
+        directives.append((words[0].lower(), words[1], reason, number))
+    return directives
