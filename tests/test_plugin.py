@@ -443,3 +443,29 @@ def test_end_to_end_real_battery(pytester, monkeypatch):
         ]
     )
     result.stdout.fnmatch_lines(["verifier brokenimpl:broken: FAIL *"])
+
+
+def test_tree_impl_runs_the_tree_battery(pytester):
+    result = pytester.runpytest(
+        "-p",
+        "no:cacheprovider",
+        "--specverify-tree-impl",
+        "specverify.mutants:greedy_fallback",
+        "-k",
+        "markov8_topk_3x2",
+    )
+    result.assert_outcomes(
+        failed=1,
+        deselected=len(__import__("specverify.verifier.tree.scenarios").verifier.tree.scenarios.TREE_SCENARIOS),
+    )
+    out = result.stdout.str()
+    assert (
+        "repro: specverify audit --tree-verifier specverify.mutants:greedy_fallback --scenario markov8_topk_3x2" in out
+    )
+    assert "pytest --specverify-tree-impl specverify.mutants:greedy_fallback" in out
+
+
+def test_tree_impl_and_impl_are_exclusive(pytester):
+    result = pytester.runpytest("--specverify-tree-impl", "a.b:c", "--specverify-impl", "a.b:d")
+    assert result.ret != 0
+    assert "not both" in result.stderr.str()

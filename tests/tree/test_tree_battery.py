@@ -213,3 +213,20 @@ def test_selftest_tree_rows():
     assert by["greedy_fallback"]["killed"] and by["greedy_fallback"]["ok"] and by["greedy_fallback"]["group"] == "tree"
     assert not by["sglang_target_only"]["killed"] and by["sglang_target_only"]["group"] == "tree_equivalent"
     assert by["greedy_fallback"]["scenarios"] == ["markov8_topk_3x2"]
+
+
+def test_cli_tree_audit(tmp_path, capsys):
+    from specverify.cli.commands import main, parse_command
+
+    out = tmp_path / "rep"
+    argv = ["audit", "--tree-verifier", "specverify.mutants:greedy_fallback", "--scenario", "markov8_topk_3x2"]
+    assert main([*argv, "--out", str(out)]) == 1
+    import json
+
+    command = json.loads((out / "report.json").read_text())["command"]
+    args = parse_command(command)
+    assert args.tree_verifier == "specverify.mutants:greedy_fallback" and args.scenario == ["markov8_topk_3x2"]
+    assert main(["audit", "--tree-verifier", "reference.tree_rules:verify_tree", "--mode", "topk",
+                 "--scenario", "markov8_topk_3x2", "--out", str(tmp_path / "ok")]) == 0  # fmt: skip
+    assert main(["audit", "--verifier", "reference.rules:verify", "--mode", "topk", "--out", str(tmp_path / "x")]) == 2
+    assert "--mode (tree-verifier audits)" in capsys.readouterr().err

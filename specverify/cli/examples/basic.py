@@ -13,6 +13,9 @@ Writes one directory per report (``report.json``, ``report.md``, ``report.html``
 * ``reference-decoder``: the reference speculative decoder (tiny transformer pair,
   top-k 20, temperature 0.8) against its target's exact conditionals;
 * ``drafter-<name>``: drafter audits of three zoo drafters (consistency, losslessness, efficiency);
+* ``reference-tree-verifier``: the reference tree rules on every tree scenario (pass);
+* ``tree-mutant-residual-zero-only-rejected``: SafeAILab/EAGLE #20 (a rejected sampled sibling's
+  token zeroed instead of the residual update), which fails;
 
 each made by running its ``specverify audit`` arguments (:func:`jobs`) through the CLI, so every
 report's ``command`` is the command line that reproduces it,
@@ -60,6 +63,18 @@ def jobs(seed: int = 0, tier: str = "smoke") -> list[tuple[str, str, list[str]]]
             "reference speculative decoder, T=0.8, top-k 20, K=4",
             ["--decoder", f"{FACTORIES}:reference_decoder", *(a for o in sampling for a in ("--decoder-option", o))]
             + ["--target", f"{FACTORIES}:reference_target", *(a for o in sampling for a in ("--target-option", o))],
+        ),
+    ]
+    out += [
+        (
+            "reference-tree-verifier",
+            "reference tree rules `reference.tree_rules:verify_tree` (SpecInfer, RRSw, top-k, sample-and-match)",
+            ["--tree-verifier", "reference.tree_rules:verify_tree"],
+        ),
+        (
+            "tree-mutant-residual-zero-only-rejected",
+            f"tree mutant `residual_zero_only_rejected` ({by_name('residual_zero_only_rejected').provenance})",
+            ["--tree-verifier", "specverify.mutants:residual_zero_only_rejected", "--scenario", "markov8_iid_2x2"],
         ),
     ]
     for name in ("oracle", "noisy", "adversary"):

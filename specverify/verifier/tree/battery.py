@@ -55,14 +55,18 @@ def list_tree_scenarios() -> list[dict]:
 
 
 def accepted_length_results(tree_run: TreeHarnessRun, scenario: TreeScenario, target, drafter, *, alpha: float):
-    """GOF of the accepted depth per round against its exact law, in the most visited root contexts."""
+    """GOF of the accepted depth per round against its exact law, in the most visited root contexts.
+
+    Returns ``(results, note, first)``: ``first`` holds the most visited stratum's observed
+    counts and exact law (for the report's acceptance section), or None.
+    """
     parents = scenario.drafting.template_parents()
     if parents is None or scenario.drafting.duplicate:
-        return [], "accepted-depth law not modelled for dynamic or duplicate-sibling trees"
+        return [], "accepted-depth law not modelled for dynamic or duplicate-sibling trees", None
     keys = tree_run.root_target_contexts * drafter.num_contexts + tree_run.root_draft_contexts  # (rounds,)
     values, counts = torch.unique(keys, return_counts=True)
     order = torch.argsort(-counts, stable=True)[:LENGTH_STRATA]
-    out = []
+    out, first = [], None
     for key, n in zip(values[order].tolist(), counts[order].tolist()):
         if n < LENGTH_MIN_ROUNDS:
             break
@@ -70,7 +74,7 @@ def accepted_length_results(tree_run: TreeHarnessRun, scenario: TreeScenario, ta
         try:
             law = round_law(parents, target, drafter, mode=scenario.drafting.mode, target_context=tc, draft_context=dc)
         except InvalidArgument as exc:  # beyond the exact enumeration's size limits
-            return out, f"accepted-depth law skipped: {exc}"
+            return out, f"accepted-depth law skipped: {exc}", first
         depths = tree_run.accepted_depths[keys == key].numpy()
         expected = law.accepted_length_law().numpy()  # (D+1,)
         observed = np.bincount(depths, minlength=expected.shape[0])[: expected.shape[0]]
@@ -81,7 +85,9 @@ def accepted_length_results(tree_run: TreeHarnessRun, scenario: TreeScenario, ta
         exp_len = float(law.expected_accepted_length())
         details = {**res.details, "expected_accepted_length": exp_len, "observed_accepted_length": float(depths.mean())}
         out.append(res.replace(details=details))
-    return out, ""
+        if first is None:  # the most visited root context: its counts and exact law go to the report
+            first = {"root": f"({tc},{dc})", "length_counts": observed.tolist(), "length_probs": expected.tolist()}
+    return out, "", first
 
 
 def run_tree_scenario(verify_tree, scenario: TreeScenario, *, tier: str, seed: int, alpha: float):
@@ -111,10 +117,10 @@ def run_tree_scenario(verify_tree, scenario: TreeScenario, *, tier: str, seed: i
     analysed = analyse_run(tree_run.run, target, drafter, scenario=scenario.name, alpha=alpha, seed=seed)
     if scenario.edge_coins:  # zero coins: only the exact tests are valid
         results += [r for r in analysed if r.family == "support"]
-        note = "edge coins: support and protocol only"
+        note, first = "edge coins: support and protocol only", None
     else:
         results += analysed
-        length_results, note = accepted_length_results(tree_run, scenario, target, drafter, alpha=alpha)
+        length_results, note, first = accepted_length_results(tree_run, scenario, target, drafter, alpha=alpha)
         results += length_results
     depths = tree_run.accepted_depths.double()
     summary: dict[str, Any] = {
@@ -126,7 +132,30 @@ def run_tree_scenario(verify_tree, scenario: TreeScenario, *, tier: str, seed: i
     }
     if note:
         summary["note"] = note
+    summary["acceptance"] = _acceptance_entry(tree_run, first)
     return results, [], summary, time.perf_counter() - start
+
+
+def _acceptance_entry(tree_run: TreeHarnessRun, first) -> dict:
+    """The report's acceptance record: per depth observed vs exact rate, and the accepted-depth law."""
+    run = tree_run.run
+    positions = []
+    for depth in range(1, run.k + 1):
+        sel = run.trial_positions == depth
+        n = int(sel.sum())
+        if n:
+            positions.append(
+                {
+                    "position": depth,
+                    "observed_rate": float(run.trial_accepted[sel].double().mean()),
+                    "expected_rate": float(run.trial_accept_probs[sel].mean()),
+                    "n": n,
+                }
+            )
+    entry: dict[str, Any] = {"positions": positions}
+    if first is not None:
+        entry.update(length_counts=first["length_counts"], length_probs=first["length_probs"], root=first["root"])
+    return entry
 
 
 def check_tree_verifier(
@@ -205,7 +234,11 @@ def check_tree_verifier(
         scenarios=tuple(s.config(tier) for s in chosen),
         timings=timings,
         environment=environment(),
-        extra={"trees": summaries, "modes": sorted({s.drafting.mode for s in chosen})},
+        extra={
+            "trees": {name: {k: v for k, v in s.items() if k != "acceptance"} for name, s in summaries.items()},
+            "acceptance": {name: s["acceptance"] for name, s in summaries.items() if s.get("acceptance")},
+            "modes": sorted({s.drafting.mode for s in chosen}),
+        },
     )
 
 
