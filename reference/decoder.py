@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reference.direct import TargetAdapter, generate_in_chunks, validate_batch_args
+from reference.direct import ChunkedGenerate, TargetAdapter, validate_batch_args
 from reference.models import KVCache, NGramDrafter, TinyTransformer
 from reference.processors import SamplingConfig, greedy_probs, logits_to_probs
 from reference.rules import greedy_verify, verify
@@ -134,7 +134,7 @@ def _pack(seq: torch.Tensor, start: torch.Tensor, stop: torch.Tensor) -> tuple[t
     return seq.gather(1, idx), count  # (B, W), (B,)
 
 
-class SpeculativeDecoder:
+class SpeculativeDecoder(ChunkedGenerate):
     """Batched speculative decoding of ``target`` with ``drafter``.
 
     Parameters
@@ -184,20 +184,7 @@ class SpeculativeDecoder:
         """The target protocol (exact processed conditionals) for this decoder's target and sampling."""
         return TargetAdapter(self.target, self.sampling)
 
-    # ---------------------------------------------------------------- public API
-    def generate(self, prompt: torch.Tensor, *, num_samples: int, max_new_tokens: int, seed: int) -> torch.Tensor:
-        """Decoder protocol: ``num_samples`` continuations of ``prompt`` (T,) -> (num_samples, max_new_tokens) long."""
-        return generate_in_chunks(
-            self.generate_batch,
-            prompt,
-            num_samples=num_samples,
-            max_new_tokens=max_new_tokens,
-            seed=seed,
-            vocab_size=self.vocab_size,
-            device=self.device,
-            max_batch=self.max_batch,
-        )
-
+    # ---------------------------------------------------------------- public API (generate: ChunkedGenerate)
     def generate_batch(self, prompts: torch.Tensor, max_new_tokens: int, *, generator: torch.Generator) -> DecodeResult:
         """Decode ``max_new_tokens`` new tokens for every row of ``prompts`` (B, T)."""
         max_new_tokens = validate_batch_args(prompts, max_new_tokens, generator, self.vocab_size, self.device)

@@ -22,7 +22,14 @@ from reference.sampling import sample
 from specverify.core.errors import InvalidArgument
 from specverify.core.validation import check_generator, check_int, check_shape, check_tokens
 
-__all__ = ["DirectSampler", "TargetAdapter", "validate_generate_args", "validate_batch_args", "generate_in_chunks"]
+__all__ = [
+    "ChunkedGenerate",
+    "DirectSampler",
+    "TargetAdapter",
+    "validate_generate_args",
+    "validate_batch_args",
+    "generate_in_chunks",
+]
 
 
 def validate_generate_args(prompt, num_samples, max_new_tokens, seed, vocab_size: int):
@@ -142,7 +149,32 @@ def generate_in_chunks(
     return torch.cat(chunks)  # (num_samples, max_new_tokens)
 
 
-class DirectSampler:
+class ChunkedGenerate:
+    """The decoder protocol's ``generate`` over a class's ``generate_batch``, in chunks of ``max_batch`` rows.
+
+    The class provides ``generate_batch(prompts, max_new_tokens, *, generator)``, ``vocab_size``,
+    ``device`` and ``max_batch``.
+    """
+
+    vocab_size: int
+    device: torch.device
+    max_batch: int
+
+    def generate(self, prompt: torch.Tensor, *, num_samples: int, max_new_tokens: int, seed: int) -> torch.Tensor:
+        """Decoder protocol: ``num_samples`` continuations of ``prompt`` (T,) -> (num_samples, max_new_tokens) long."""
+        return generate_in_chunks(
+            self.generate_batch,  # type: ignore[attr-defined]
+            prompt,
+            num_samples=num_samples,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+            vocab_size=self.vocab_size,
+            device=self.device,
+            max_batch=self.max_batch,
+        )
+
+
+class DirectSampler(ChunkedGenerate):
     """Autoregressive sampling of the processed target law (one target pass per token)."""
 
     def __init__(self, target: TinyTransformer, sampling: SamplingConfig = SamplingConfig(), *, max_batch: int = 65536):
@@ -155,19 +187,6 @@ class DirectSampler:
 
     def target_adapter(self) -> TargetAdapter:
         return TargetAdapter(self.target, self.sampling)
-
-    def generate(self, prompt: torch.Tensor, *, num_samples: int, max_new_tokens: int, seed: int) -> torch.Tensor:
-        """Decoder protocol: (T,) prompt -> (num_samples, max_new_tokens) long."""
-        return generate_in_chunks(
-            self.generate_batch,
-            prompt,
-            num_samples=num_samples,
-            max_new_tokens=max_new_tokens,
-            seed=seed,
-            vocab_size=self.vocab_size,
-            device=self.device,
-            max_batch=self.max_batch,
-        )
 
     def generate_batch(self, prompts: torch.Tensor, max_new_tokens: int, *, generator: torch.Generator) -> torch.Tensor:
         """``max_new_tokens`` new tokens for every row of ``prompts`` (B, T): (B, max_new_tokens) long."""
