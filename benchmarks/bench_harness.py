@@ -8,7 +8,10 @@ cores: >= 4 M tokens/s.  The machine is often shared: the load average is printe
 with the numbers; wall time under load says little, CPU time is the robust figure
 (with one thread, tokens per CPU-second is the single-core rate).
 
-Run: ``nice python benchmarks/bench_harness.py [--batch 65536] [--threads 1]``.
+With full checks it runs every drafter of the zoo on both targets and names the slowest;
+``--profile NAME`` prints a cProfile of one run instead.
+
+Run: ``nice python benchmarks/bench_harness.py [--batch 65536] [--threads 2] [--zoo-only] [--profile noisy]``.
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ def main(argv=None):
         default=1,
         help="torch intra-op threads (1: serial, the robust setting on a shared machine)",
     )
+    parser.add_argument("--zoo-only", action="store_true", help="only the full-check runs over the zoo")
+    parser.add_argument("--profile", metavar="DRAFTER", help="cProfile one full-check run (positional target)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(
@@ -76,11 +81,32 @@ def main(argv=None):
     pos = tables.positional(V, args.length, "peaked", seed=1)
     mk = tables.markov(V, "peaked", seed=2)
     common = dict(batch=args.batch, length=args.length, k=args.k, repeats=args.repeats)
-    for label, verifier in (("check=False", fast_verify), ("full checks", verify)):
-        print(f"-- reference.rules.verify ({label})")
-        bench("positional target, noisy drafter", pos, zoo.noisy(pos, 0.5), verifier=verifier, **common)
-        bench("positional target, uniform drafter", pos, zoo.uniform(pos), verifier=verifier, **common)
-        bench("markov target, temperature drafter", mk, zoo.temperature(mk, 1.5), verifier=verifier, **common)
+    if args.profile:
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+        bench(
+            f"PROFILE positional, {args.profile}", pos, zoo.make_drafter(args.profile, pos), verifier=verify, **common
+        )
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+        return
+    if not args.zoo_only:
+        print("-- reference.rules.verify (check=False)")
+        bench("positional target, noisy drafter", pos, zoo.noisy(pos, 0.5), verifier=fast_verify, **common)
+        bench("positional target, uniform drafter", pos, zoo.uniform(pos), verifier=fast_verify, **common)
+        bench("markov target, temperature drafter", mk, zoo.temperature(mk, 1.5), verifier=fast_verify, **common)
+    print("-- reference.rules.verify (full checks), every zoo drafter")
+    rates = {}
+    for target_name, target in (("positional", pos), ("markov", mk)):
+        for name in zoo.ZOO:
+            wall, cpu = bench(f"{target_name} target, {name} drafter", target, zoo.make_drafter(name, target),
+                              verifier=verify, **common)  # fmt: skip
+            rates[f"{target_name}/{name}"] = cpu
+    worst = min(rates, key=rates.get)
+    print(f"slowest: {worst} at {rates[worst] / 1e6:.2f} M tokens/CPU-s  [{load()}]")
 
 
 if __name__ == "__main__":

@@ -210,11 +210,13 @@ WITNESS = {
     "rows_share_uniforms": "iid",
     "emitted_plus_one": "iid",
     "emitted_drop_last": "iid",
+    "uniforms_reuse_rejected": "iid",
 }
 
 # Scenarios on which each equivalent variant must be indistinguishable from the target.
 EQUIVALENT_ON = {
     "canonical": ("markov", "tail"),
+    "uniforms_in_canonical": ("markov", "tail"),
     "accept_le": ("truncated", "onehot"),  # p(x) = 0 drafts, p(x) = q(x) = 1 drafts
     "sample_and_match": ("onehot", "markov"),  # law exact for any q (acceptance differs, see below)
     "pointmass_fallback": ("onehot", "markov"),  # idem

@@ -20,7 +20,7 @@ import xml.etree.ElementTree as ET
 import hypothesis  # noqa: F401
 import pytest
 import scipy.stats  # noqa: F401  (report plots; numpy.fft cannot be loaded twice in one process)
-import torch  # noqa: F401
+import torch
 
 import specverify.cli.audit  # the recorded command of a written report
 import specverify.report  # noqa: F401
@@ -468,3 +468,39 @@ def test_tree_impl_and_impl_are_exclusive(pytester):
     result = pytester.runpytest("--specverify-tree-impl", "a.b:c", "--specverify-impl", "a.b:d")
     assert result.ret != 0
     assert "not both" in result.stderr.str()
+
+
+def test_device_and_dtype_options(fake):
+    result = fake.runpytest("--specverify-impl", "myimpl:good", *FAKE, "--specverify-dtype", "int8")
+    assert result.ret != 0
+    result.stderr.fnmatch_lines(["*--specverify-dtype must be one of*int8*"])
+    if not torch.cuda.is_available():
+        result = fake.runpytest("--specverify-impl", "myimpl:good", *FAKE, "--specverify-device", "cuda:0")
+        assert result.ret != 0
+        result.stderr.fnmatch_lines(["*--specverify-device = 'cuda:0' is not available*"])
+    # a battery without the argument: the run fails and says so
+    result = fake.runpytest("--specverify-impl", "myimpl:good", *FAKE, "--specverify-dtype", "bf16")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*has no 'dtype' argument*"])
+    # the real battery: the dtype reaches the verifier, the repro lines carry it
+    result = fake.runpytest(
+        "--specverify-impl",
+        "reference.uniforms:verify",
+        "--specverify-dtype",
+        "bfloat16",
+        "--specverify-device",
+        "cpu",
+        "--specverify-report",
+        "out",
+        "-k",
+        "pos8_uniform_k4 or protocol",
+    )
+    result.assert_outcomes(passed=2, deselected=len(sv_scenarios()) - 1)
+    report = json.loads((fake.path / "out" / "report.json").read_text())
+    assert report["extra"]["dtype"] == "bfloat16" and "--device cpu --dtype bfloat16" in report["command"]
+
+
+def sv_scenarios():
+    from specverify.verifier.battery import list_scenarios
+
+    return list_scenarios("smoke")

@@ -225,6 +225,9 @@ def audit_argv(args) -> list[str]:
             value = getattr(args, flag, default)
             if value != default or getattr(args, "model_params", None) is not None:
                 argv += ["--" + flag.replace("_", "-"), _number(value)]
+    for flag in ("device", "dtype"):
+        if getattr(args, flag, None) is not None:
+            argv += ["--" + flag, str(getattr(args, flag))]
     argv += ["--tier", args.tier, "--seed", str(args.seed), "--alpha", _number(args.alpha)]
     return argv
 
@@ -260,6 +263,10 @@ def _validate(args, kind: str) -> None:
             for f in ("k", "draft-cost", "model-params")
             if getattr(args, f.replace("-", "_"), None) is not None
         ]
+    if kind == "decoder" and getattr(args, "dtype", None) is not None:
+        misplaced.append(
+            "--dtype (verifier, tree-verifier and drafter audits: a decoder computes its own probabilities)"
+        )
     if kind == "drafter" and getattr(args, "greedy", False):
         misplaced.append("--greedy (verifier and decoder audits)")
     if kind in ("verifier", "tree_verifier") and getattr(args, "target", None):
@@ -281,7 +288,11 @@ def run_audit(args, *, progress=None):
     kind = kind_of(args)
     _validate(args, kind)
     options = role_options(args)
-    common = dict(tier=args.tier, seed=args.seed, alpha=args.alpha, progress=progress)
+    common = dict(
+        tier=args.tier, seed=args.seed, alpha=args.alpha, progress=progress, device=getattr(args, "device", None)
+    )
+    if kind != "decoder":
+        common["dtype"] = getattr(args, "dtype", None)
     if kind == "drafter":
         from specverify.drafter import audit_drafter
 

@@ -162,6 +162,16 @@ def _add_audit(sub) -> None:
         "--alpha", type=float, default=DEFAULT_ALPHA, help="family-wise false-alarm rate of the run (default 1e-3)"
     )
     audit.add_argument(
+        "--device",
+        metavar="DEVICE",
+        help="where the implementation runs and gets its inputs and generator: cpu (default), cuda:0, ...",
+    )
+    audit.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        help="dtype of the probabilities handed to a verifier (verifier, tree-verifier, drafter audits; default float32)",
+    )
+    audit.add_argument(
         "--out",
         metavar="DIR",
         default="specverify-report",

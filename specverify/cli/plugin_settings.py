@@ -51,6 +51,8 @@ OPTIONS = {
     "skips": (None, "FILE", "file of 'skip|xfail <item glob>  # reason' lines"),
     "greedy": ("0", None, "the implementation is a greedy verifier: its output must be the argmax continuation"),
     "report": (None, "DIR", "also write report.json/.md/.html of the run to DIR"),
+    "device": (None, "DEVICE", "where the implementation runs: cpu (default), cuda:0, ..."),
+    "dtype": (None, "DTYPE", "dtype of the probabilities handed in: float32 (default) | bfloat16 | float16"),
     "battery": (
         DEFAULT_BATTERY,
         "MODULE",
@@ -83,6 +85,8 @@ class Settings:
     report: str | None
     battery: str
     tree: bool = False
+    device: str | None = None
+    dtype: str | None = None
 
     def audit_command(self, scenarios=None) -> str:
         """The ``specverify audit`` line of the same run (``scenarios``: the subset that ran, if not all).
@@ -102,6 +106,8 @@ class Settings:
             tier=self.tier,
             seed=self.seed,
             alpha=self.alpha,
+            device=self.device,
+            dtype=self.dtype,
         )
         return audit_command(args)
 
@@ -116,6 +122,8 @@ class Settings:
         ]
         parts += ["--specverify-alpha", f"{self.alpha:g}"] if self.alpha != 1e-3 else []
         parts += ["--specverify-greedy"] if self.greedy else []
+        parts += ["--specverify-device", shlex.quote(self.device)] if self.device else []
+        parts += ["--specverify-dtype", self.dtype] if self.dtype else []
         default = TREE_BATTERY if self.tree else DEFAULT_BATTERY
         parts += ["--specverify-battery", shlex.quote(self.battery)] if self.battery != default else []
         return " ".join(parts + ["-k", shlex.quote(item_name)])
@@ -156,6 +164,14 @@ def read_settings(config: pytest.Config) -> Settings | None:
     if tier not in TIERS:
         raise pytest.UsageError(f"--specverify-tier must be one of {', '.join(TIERS)}, got {tier!r}")
     greedy = _raw(config, "greedy")
+    device, dtype = _raw(config, "device"), _raw(config, "dtype")
+    try:
+        from specverify.core.devices import check_device, check_prob_dtype, dtype_name
+
+        device = None if device is None else str(check_device("--specverify-device", str(device)))
+        dtype = None if dtype is None else dtype_name(check_prob_dtype("--specverify-dtype", str(dtype)))
+    except ValueError as error:  # InvalidArgument
+        raise pytest.UsageError(str(error)) from None
     return Settings(
         impl=str(impl or tree_impl),
         tier=tier,
@@ -166,6 +182,8 @@ def read_settings(config: pytest.Config) -> Settings | None:
         report=_raw(config, "report"),
         battery=battery,
         tree=bool(tree_impl),
+        device=device,
+        dtype=dtype,
     )
 
 

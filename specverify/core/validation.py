@@ -25,6 +25,9 @@ __all__ = [
 
 #: Tolerance on the row sums of probability tensors (float32 softmax rows sum to 1 +- ~1e-6).
 PROB_ATOL = 1e-4
+#: Row-sum tolerance of low-precision probability rows: rounding each entry to the dtype moves
+#: a row's sum by at most the unit roundoff (bf16 2^-8, fp16 2^-11); twice that, for margin.
+LOW_PRECISION_ATOL = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
 
 
 def _index(flat_index: int, shape: Sequence[int]) -> str:
@@ -164,6 +167,7 @@ def check_probs(
         )
     if probs.numel() == 0:
         return probs
+    atol = max(atol, LOW_PRECISION_ATOL.get(probs.dtype, 0.0))
     rows = _narrow_broadcast(probs, keep_last=True)  # (..., V) every distinct row at least once
     low, high = torch.aminmax(_narrow_broadcast(rows, keep_last=False))
     if bool((low >= 0) & (high < float("inf"))) and (

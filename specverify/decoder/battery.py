@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from specverify import stats
+from specverify.core.devices import check_device
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.repro import python_repro
 from specverify.core.results import FAIL, Report, TestResult, protocol_result
@@ -52,10 +53,12 @@ from specverify.core.validation import check_int, check_run_options
 from .exact import ExactPlan, analyse_exact
 from .protocol import (
     ProgressTicker,
+    TargetOn,
     call_generate,
     check_determinism,
     derive_seed,
     generate_fn,
+    generate_on,
     implementation_name,
     make_prompts,
     next_token_probs,
@@ -162,6 +165,7 @@ def check_decoder(
     greedy: bool | None = None,
     num_samples: int | None = None,
     max_new_tokens: int | None = None,
+    device=None,
 ) -> Report:
     """Check that a whole speculative decoder emits exactly its target's (processed) law.
 
@@ -191,6 +195,11 @@ def check_decoder(
         when every exact conditional is one-hot.  ``False``: never.
     num_samples, max_new_tokens : int, optional
         Override the tier's samples per prompt / new tokens per sample.
+    device : str or torch.device, optional
+        Where prompts are handed to the decoder and prefixes to the target (default the
+        CPU); outputs come back in one transfer per call.  The decoder computes its own
+        probabilities, so their dtype is the decoder's (a
+        :class:`~specverify.decoder.pipeline.ProtocolDecoder` takes ``device`` and ``dtype``).
 
     Returns
     -------
@@ -205,6 +214,14 @@ def check_decoder(
     started = time.perf_counter()
     seed, alpha = check_run_options(tier, TIER_PLANS, seed, alpha, progress)
     run = _prepare(decoder, target, reference, greedy, TIER_PLANS[tier], num_samples, max_new_tokens, alpha)
+    dev = check_device("device", device)
+    if dev.type != "cpu":
+        run = dataclasses.replace(
+            run,
+            generate=generate_on(run.generate, dev),
+            ref_generate=None if run.ref_generate is None else generate_on(run.ref_generate, dev),
+            target=None if run.target is None else TargetOn(run.target, dev),
+        )
     base: dict[str, Any] = dict(
         kind="decoder",
         implementation=implementation_name(decoder),
@@ -224,6 +241,7 @@ def check_decoder(
                 greedy=greedy,
                 num_samples=num_samples,
                 max_new_tokens=max_new_tokens,
+                device=None if dev.type == "cpu" else str(dev),
             ),
         ),
     )
@@ -265,6 +283,8 @@ def check_decoder(
     graded, verdict = stats.grade_run(results, errors, alpha=alpha)
     timings["total"] = time.perf_counter() - started
     extra = {"mode": run.mode, "tier_plan": dataclasses.asdict(run.plan), "decoder": summaries}
+    if dev.type != "cpu":
+        extra["device"] = str(dev)
     if reference is not None:
         extra["reference"] = implementation_name(reference)
     return Report(

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from reference.rules import verify as canonical_verify
+from specverify.core.devices import check_device, check_prob_dtype
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.validation import check_int, check_tokens
 
@@ -205,6 +206,13 @@ class ProtocolDecoder:
         Draft length K >= 1.
     verify : callable, default :func:`reference.rules.verify`
         The verifier protocol.
+    device : str or torch.device, optional
+        Where ``verify`` runs (default the CPU): its probabilities and drafts are copied
+        there in one transfer per round, it gets a generator of that device (seeded from
+        the call's seed), and its output comes back in one transfer.
+    dtype : torch.dtype or str, optional
+        dtype of the probabilities handed to ``verify`` (default: as the target returns them;
+        with neither argument the rows are handed over untouched).
 
     Notes
     -----
@@ -213,7 +221,7 @@ class ProtocolDecoder:
     raises :class:`~specverify.core.errors.ImplementationError`.
     """
 
-    def __init__(self, drafter, target, *, k: int, verify=canonical_verify):
+    def __init__(self, drafter, target, *, k: int, verify=canonical_verify, device=None, dtype=None):
         if not callable(getattr(drafter, "draft", None)):
             raise InvalidArgument(
                 f"drafter must have a .draft(prefix, k, *, generator) method, got {type(drafter).__name__}"
@@ -224,6 +232,8 @@ class ProtocolDecoder:
             raise InvalidArgument(f"verify must be callable, got {verify!r}")
         self.drafter, self.target, self.verify = drafter, target, verify
         self.k = check_int("k", k, minimum=1)
+        self.device = check_device("device", device)
+        self.dtype = None if dtype is None else check_prob_dtype("dtype", dtype)
         self.last_stats: PipelineStats | None = None
         # The optional batched target extension (as used by specverify.decoder): one call gives all K+1 rows.
         self._batched = callable(getattr(target, "conditionals", None))
@@ -252,6 +262,9 @@ class ProtocolDecoder:
         seed = check_int("seed", seed, minimum=0)
         K = self.k
         generator = torch.Generator().manual_seed(seed)
+        verify_gen = generator  # the CPU default: one stream, as before device support
+        if self.device.type != "cpu":
+            verify_gen = torch.Generator(device=self.device).manual_seed(seed ^ 0x5DEECE66D)
         T = prompt.numel()
         seq = torch.zeros(N, T + L + K + 1, dtype=torch.long)  # (N, T + L + K + 1)
         seq[:, :T] = prompt.long()
@@ -280,7 +293,7 @@ class ProtocolDecoder:
                     ) from error
                 draft_tokens, draft_probs = check_drafter_output(output, B, K, V)
                 target_probs = self._target_block(prefix, draft_tokens, V)  # (B, K+1, V)
-                tokens, num_emitted = self._verify(target_probs, draft_probs, draft_tokens, generator)
+                tokens, num_emitted = self._verify(target_probs, draft_probs, draft_tokens, verify_gen)
                 match = (tokens[:, :K] == draft_tokens) & (torch.arange(K)[None] < num_emitted[:, None])  # (B, K)
                 num_accepted = match.long().cumprod(-1).sum(-1)  # (B,)
                 overlap = acceptance_overlap(target_probs[:, :K], draft_probs)  # (B, K)
@@ -350,10 +363,21 @@ class ProtocolDecoder:
             return rows.detach().cpu()
         return torch.stack([self._target(extended[:, : ell + j], V) for j in range(K + 1)], 1)  # (B, K+1, V)
 
+    def _inputs(self, target_probs, draft_probs, draft_tokens):
+        """The verifier's inputs on ``self.device`` in ``self.dtype`` (the tensors themselves by default)."""
+        if self.device.type == "cpu" and self.dtype is None:
+            return target_probs, draft_probs, draft_tokens
+        dtype = self.dtype or target_probs.dtype
+        B, K1, V = target_probs.shape
+        probs = torch.cat([target_probs.reshape(-1), draft_probs.to(target_probs.dtype).reshape(-1)])  # (B*(2K+1)*V,)
+        probs = probs.to(device=self.device, dtype=dtype)  # one transfer
+        n = B * K1 * V
+        return probs[:n].view(B, K1, V), probs[n:].view(B, K1 - 1, V), draft_tokens.to(self.device)
+
     def _verify(self, target_probs, draft_probs, draft_tokens, generator):
         B, K = draft_tokens.shape
         try:
-            output = self.verify(target_probs, draft_probs, draft_tokens, generator=generator)
+            output = self.verify(*self._inputs(target_probs, draft_probs, draft_tokens), generator=generator)
         except InvalidArgument as error:
             raise ImplementationError(f"verify rejected the drafter's/target's rows: {error}") from error
         except Exception as error:
@@ -371,6 +395,9 @@ class ProtocolDecoder:
                 f"verify returned tokens {tuple(tokens.shape)} / num_emitted "
                 f"{tuple(num_emitted.shape)}, expected integer ({B}, {K + 1}) / ({B},)"
             )
+        if num_emitted.device.type != "cpu":  # one transfer back
+            packed = torch.cat([tokens.reshape(-1).long(), num_emitted.long()]).cpu()  # (B*(K+1) + B,)
+            tokens, num_emitted = packed[: B * (K + 1)].view(B, K + 1), packed[B * (K + 1) :]
         num_emitted = num_emitted.long().cpu()
         if bool(((num_emitted < 1) | (num_emitted > K + 1)).any()):
             raise ImplementationError(f"verify returned num_emitted outside [1, {K + 1}]: {num_emitted.tolist()[:8]}")

@@ -253,3 +253,31 @@ class ProgressTicker:
         self.done = self.done + 1 if done is None else done
         if self.progress is not None:
             self.progress(self.done, self.total, name)
+
+
+def generate_on(generate, device: torch.device):
+    """``generate`` called with its prompt on ``device`` (its output is copied back by :func:`call_generate`)."""
+
+    def on_device(prompt, **options):
+        return generate(prompt.to(device), **options)
+
+    return on_device
+
+
+class TargetOn:
+    """A target queried with its prefixes on ``device``: ``next_token_probs`` and ``conditionals``.
+
+    The rows come back to the CPU (float64) in one transfer per call through
+    :func:`next_token_probs` / :func:`target_conditionals`.
+    """
+
+    def __init__(self, target, device: torch.device):
+        self.inner, self.device = target, device
+        size = getattr(target, "vocab_size", None)
+        if size is not None:
+            self.vocab_size = size
+        if callable(getattr(target, "conditionals", None)):
+            self.conditionals = lambda sequences, *, start: target.conditionals(sequences.to(device), start=start)
+
+    def next_token_probs(self, prefix):
+        return self.inner.next_token_probs(prefix.to(self.device))

@@ -46,6 +46,7 @@ import torch
 
 from reference.rules import verify as canonical_verify
 from specverify import stats
+from specverify.core.devices import check_device, check_prob_dtype, dtype_name
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.repro import python_repro
 from specverify.core.results import FAIL, Report, TestResult, protocol_result
@@ -161,6 +162,8 @@ def audit_drafter(
     model_params: float | None = None,
     bandwidth: float = 3.35e12,
     bytes_per_param: float = 2,
+    device=None,
+    dtype=None,
 ) -> Report:
     """Audit a drafter: consistency of its reported q, losslessness of the pipeline, efficiency.
 
@@ -192,6 +195,14 @@ def audit_drafter(
         ``kind="drafter"``; ``extra`` holds ``"efficiency"``, ``"acceptance"``,
         ``"consistency"``, ``"pipeline"`` and ``"diagnosis"``.
 
+    device : str or torch.device, optional
+        Where the pipeline's verifier runs (default the CPU); see
+        :class:`~specverify.decoder.pipeline.ProtocolDecoder`.  The drafter and target run
+        where they live.
+    dtype : torch.dtype or str, optional
+        dtype of the probabilities handed to the verifier: float32, bfloat16, float16
+        (default: as the target returns them).
+
     Raises
     ------
     InvalidArgument
@@ -218,6 +229,8 @@ def audit_drafter(
     model_params = _positive("model_params", model_params, allow_none=True)
     bandwidth = _positive("bandwidth", bandwidth)
     bytes_per_param = _positive("bytes_per_param", bytes_per_param)
+    dev = check_device("device", device)
+    prob_dtype = None if dtype is None else check_prob_dtype("dtype", dtype)
     verify = verifier if verifier is not None else canonical_verify
     plan = AUDIT_PLANS[tier]
     base: dict[str, Any] = dict(
@@ -236,6 +249,8 @@ def audit_drafter(
             model_params=model_params,
             bandwidth=bandwidth,
             bytes_per_param=bytes_per_param,
+            device=None if dev.type == "cpu" else str(dev),
+            dtype=None if prob_dtype is None else dtype_name(prob_dtype),
         ),
     )
 
@@ -263,7 +278,9 @@ def audit_drafter(
     prompts = make_prompts(plan.num_prompts, V, seed=seed)
 
     extra["consistency"] = _consistency_part(drafter, prompts, V, k, plan, seed, alpha, out, tick)
-    decoder = ProtocolDecoder(drafter, target, k=k, verify=verify)
+    decoder = ProtocolDecoder(drafter, target, k=k, verify=verify, device=dev, dtype=prob_dtype)
+    if dev.type != "cpu" or prob_dtype is not None:
+        extra.update(device=str(dev), dtype=dtype_name(prob_dtype) if prob_dtype is not None else "as the target's")
     pipeline = _pipeline_part(decoder, target, prompts, tier, seed, alpha, out, tick)
     extra["pipeline"] = {"verdict_alone": pipeline.verdict, "decoder": pipeline.extra.get("decoder", {})}
     cost = dict(draft_cost=draft_cost, model_params=model_params, bandwidth=bandwidth, bytes_per_param=bytes_per_param)

@@ -9,7 +9,7 @@ differently (or honest but slower) and must pass.  Entries mirror bugs engines
 really shipped (``provenance``; see ``shared/bugs.md``).
 
 Modules: ``steps`` (the chain rule factored into parametrised steps), ``verifier``
-(verifier entries composed from them), ``drafter`` (drafters whose reported q is not
+(verifier entries composed from them), ``uniforms`` (uniforms-in chain kernels), ``drafter`` (drafters whose reported q is not
 the law they sample), ``decoder`` (reference-decoder subclasses with integration
 bugs).  ``CATALOGUE`` is their concatenation; :func:`entries` selects by kind or
 subject, :func:`by_name` finds one entry, and ``specverify.mutants:NAME`` resolves a
@@ -105,9 +105,12 @@ def _build() -> tuple[CatalogueEntry, ...]:
     from specverify.mutants.decoder import ENTRIES as decoder_entries
     from specverify.mutants.drafter import ENTRIES as drafter_entries
     from specverify.mutants.tree import ENTRIES as tree_entries
+    from specverify.mutants.uniforms import ENTRIES as uniforms_entries
     from specverify.mutants.verifier import ENTRIES as verifier_entries
 
-    entries_ = tuple(verifier_entries) + tuple(drafter_entries) + tuple(decoder_entries) + tuple(tree_entries)
+    chain = tuple(verifier_entries) + tuple(uniforms_entries)
+    chain = tuple(e for e in chain if e.lossy) + tuple(e for e in chain if not e.lossy)  # mutants first
+    entries_ = chain + tuple(drafter_entries) + tuple(decoder_entries) + tuple(tree_entries)
     names = [e.name for e in entries_]
     duplicated = sorted({n for n in names if names.count(n) > 1})
     if duplicated:

@@ -80,6 +80,7 @@ MUTANT_SCENARIOS: dict[str, tuple[str, ...]] = {
     "rows_share_uniforms": ("pos8_uniform_k4",),
     "emitted_plus_one": ("pos8_uniform_k4",),
     "emitted_drop_last": ("pos8_uniform_k4",),
+    "uniforms_reuse_rejected": ("pos8_uniform_k4", "pos16_noisy_k1"),
 }
 # fmt: on
 

@@ -40,6 +40,7 @@ import torch
 
 from reference.rules import greedy_verify
 from specverify import stats
+from specverify.core.devices import check_device, check_prob_dtype, device_extra, device_keywords
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.repro import python_repro
 from specverify.core.results import FAIL, Report, TestResult, protocol_result
@@ -205,7 +206,7 @@ def _protocol_result(scenario: str, ok: bool, n: int, message: str = "") -> Test
     return protocol_result(scenario, None if ok else message, n, method=PROTOCOL_METHOD, position="all")
 
 
-def _drive(verify, scenario: Scenario, target, drafter, *, tier: str, seed: int) -> HarnessRun:
+def _drive(verify, scenario: Scenario, target, drafter, *, tier: str, seed: int, device=None, dtype=None) -> HarnessRun:
     """Run the harness on one scenario, its generator seeded from (root seed, scenario name)."""
     generator = torch.Generator().manual_seed(scenario_seed(seed, scenario.name))
     return run_harness(
@@ -217,15 +218,17 @@ def _drive(verify, scenario: Scenario, target, drafter, *, tier: str, seed: int)
         length=scenario.length,
         generator=generator,
         num_groups=scenario.num_groups(tier),
+        verifier_dtype=torch.float32 if dtype is None else dtype,
+        device=device,
     )
 
 
-def run_scenario(verify, scenario: Scenario, *, tier: str, seed: int, alpha: float):
+def run_scenario(verify, scenario: Scenario, *, tier: str, seed: int, alpha: float, device=None, dtype=None):
     """Run one scenario: ``(results, errors, seconds)``."""
     start = time.perf_counter()
     target, drafter = scenario.build()
     try:
-        run = _drive(verify, scenario, target, drafter, tier=tier, seed=seed)
+        run = _drive(verify, scenario, target, drafter, tier=tier, seed=seed, device=device, dtype=dtype)
     except ImplementationError as exc:
         row = f" (row {exc.row})" if exc.row is not None else ""
         message = f"{scenario.name}: {exc}{'' if str(exc).startswith('row') else row}"
@@ -235,7 +238,7 @@ def run_scenario(verify, scenario: Scenario, *, tier: str, seed: int, alpha: flo
     return results, [], time.perf_counter() - start
 
 
-def _run_greedy_scenario(verify, scenario: Scenario, *, tier: str, seed: int):
+def _run_greedy_scenario(verify, scenario: Scenario, *, tier: str, seed: int, device=None, dtype=None):
     start = time.perf_counter()
     target, drafter = scenario.build()
     tally: dict[str, Any] = {"calls": 0, "rows": 0, "tokens": 0, "mismatched_rows": 0, "first": None}
@@ -246,6 +249,7 @@ def _run_greedy_scenario(verify, scenario: Scenario, *, tier: str, seed: int):
 
         tokens, num = validate_verifier_output(output, draft_tokens, target_probs.shape[-1])
         want_tokens, want_num = greedy_verify(target_probs, draft_tokens, check=False)
+        want_tokens, want_num = want_tokens.cpu(), want_num.cpu()
         mask = torch.arange(tokens.shape[1])[None] < want_num[:, None]
         bad = (num != want_num) | ((tokens != want_tokens) & mask).any(-1)
         tally["calls"] += 1
@@ -262,7 +266,7 @@ def _run_greedy_scenario(verify, scenario: Scenario, *, tier: str, seed: int):
         return output
 
     try:
-        _drive(checked, scenario, target, drafter, tier=tier, seed=seed)
+        _drive(checked, scenario, target, drafter, tier=tier, seed=seed, device=device, dtype=dtype)
     except ImplementationError as exc:
         message = f"{scenario.name}: {exc}"
         return [_protocol_result(scenario.name, False, 0, message)], [message], time.perf_counter() - start
@@ -303,6 +307,8 @@ def check_verifier(
     scenarios=None,
     progress=None,
     implementation: str | None = None,
+    device=None,
+    dtype=None,
 ) -> Report:
     """Statistically audit a speculative-sampling verifier; return a :class:`~specverify.core.results.Report`.
 
@@ -328,6 +334,14 @@ def check_verifier(
         and once at the end (done == total, name "").
     implementation : str, optional
         Name recorded in the report (default: ``module:qualname`` of ``verify``).
+    device : str or torch.device, optional
+        Where ``verify`` runs (``"cuda:0"``; default the CPU): inputs are built there and it
+        gets a generator of that device (see :func:`~specverify.verifier.harness.run_harness`).
+    dtype : torch.dtype or str, optional
+        dtype of the probabilities handed to ``verify``: float32 (default), bfloat16 or
+        float16.  The exact law stays the float64 tables: rounding to bfloat16 moves a row
+        by at most its unit roundoff (TV <= 2^-9), below the smoke and standard tiers'
+        detectable TV; a deep-tier failure in bfloat16 alone can be that rounding.
 
     Returns
     -------
@@ -338,6 +352,7 @@ def check_verifier(
     if not callable(verify):
         raise InvalidArgument(f"verify must be callable, got {verify!r}")
     seed, alpha = check_run_options(tier, TIERS, seed, alpha, progress)
+    dev, prob_dtype = check_device("device", device), check_prob_dtype("dtype", dtype)
     chosen = get_scenarios(scenarios, greedy=greedy)
     start, cpu_start = time.perf_counter(), time.process_time()
     results, errors, timings, cpu = [], [], {}, {}
@@ -346,9 +361,11 @@ def check_verifier(
             progress(i, len(chosen), scenario.name)
         cpu_scenario = time.process_time()
         if greedy:
-            res, errs, secs = _run_greedy_scenario(verify, scenario, tier=tier, seed=seed)
+            res, errs, secs = _run_greedy_scenario(verify, scenario, tier=tier, seed=seed, device=dev, dtype=prob_dtype)
         else:
-            res, errs, secs = run_scenario(verify, scenario, tier=tier, seed=seed, alpha=alpha)
+            res, errs, secs = run_scenario(
+                verify, scenario, tier=tier, seed=seed, alpha=alpha, device=dev, dtype=prob_dtype
+            )
         results += res
         errors += errs
         timings[scenario.name] = secs
@@ -371,11 +388,19 @@ def check_verifier(
         scenarios=tuple(s.config(tier) for s in chosen),
         timings=timings,
         environment=environment(),
-        extra={"mode": "greedy" if greedy else "sampling", "cpu_seconds": cpu},
+        extra={"mode": "greedy" if greedy else "sampling", "cpu_seconds": cpu, **device_extra(dev, prob_dtype)},
         command=python_repro(
             "specverify:check_verifier",
             {"verify": verify},
-            dict(tier=tier, seed=seed, alpha=alpha, greedy=greedy, scenarios=scenarios, implementation=implementation),
+            dict(
+                tier=tier,
+                seed=seed,
+                alpha=alpha,
+                greedy=greedy,
+                scenarios=scenarios,
+                implementation=implementation,
+                **device_keywords(dev, prob_dtype),
+            ),
         ),
     )
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from reference.sampling import chunk_rows, uniform
+from specverify.core.devices import check_device
 from specverify.core.tables import TableModel
 from specverify.core.validation import check_generator, check_int
 from specverify.verifier.protocol import call_verifier, check_determinism, validate_verifier_output
@@ -243,6 +244,7 @@ def run_harness(
     num_groups: int = 1,
     verifier_dtype: torch.dtype = torch.float32,
     determinism_rows: int = 64,
+    device=None,
 ) -> HarnessRun:
     """Run speculative decoding with ``verify`` on table models; see the module docstring.
 
@@ -266,6 +268,12 @@ def run_harness(
         dtype of the probability tensors passed to the verifier.
     determinism_rows : int
         Rows of the first round used for the determinism check (0 disables it).
+    device : torch.device or str, optional
+        Where the verifier runs (default the CPU): the probability tables are copied there
+        once, each round's inputs are gathered there, the verifier gets a generator of that
+        device, and its output is validated there and copied back in one transfer.  The
+        drafting and all bookkeeping stay on the CPU, so ``device="cpu"`` is bit-identical
+        to the default.
 
     Raises
     ------
@@ -281,12 +289,15 @@ def run_harness(
         raise ValueError(f"drafter vocabulary {drafter.vocab_size} != target vocabulary {target.vocab_size}")
     V = target.vocab_size
     seeds = torch.randint(0, 2**62, (3,), generator=generator).tolist()
+    dev = check_device("device", device)
+    on_cpu = dev.type == "cpu"
     draft_gen = torch.Generator().manual_seed(seeds[0])
-    verify_gen = torch.Generator().manual_seed(seeds[1])
+    verify_gen = torch.Generator(device=dev).manual_seed(seeds[1])
     # Float64 CDFs of the drafter's rows, as reference.sampling.sample computes them.
     draft_sampler = _ContextSampler(torch.cumsum(drafter.table, -1))
     t_tab = target.table32 if verifier_dtype == torch.float32 else target.table.to(verifier_dtype)  # (Ct, V)
     d_tab = drafter.table32 if verifier_dtype == torch.float32 else drafter.table.to(verifier_dtype)  # (Cd, V)
+    t_tab, d_tab = t_tab.to(dev), d_tab.to(dev)  # (Ct, V), (Cd, V) once on the device
     target_buffer, draft_buffer = _ReusedBuffer(t_tab.dtype), _ReusedBuffer(d_tab.dtype)
     trials = _Trials(target, drafter, K)
     start = time.perf_counter()
@@ -297,30 +308,45 @@ def run_harness(
             b = group.rows.numel()
             drafts, dctx = _draft_block(drafter, draft_sampler, group.dcur, K, draft_gen)  # (b, K), (b, K+1)
             tctx = _target_contexts(target, group.tcur, drafts)  # (b, K+1)
-            target_probs = target_buffer.take((b, K + 1, V))  # (b, K+1, V)
-            torch.index_select(t_tab, 0, tctx.view(-1), out=target_probs.view(b * (K + 1), V))
-            draft_probs = draft_buffer.take((b, K, V))  # (b, K, V)
-            torch.index_select(d_tab, 0, dctx[:, :K].reshape(-1), out=draft_probs.view(b * K, V))
+            if on_cpu:
+                target_probs = target_buffer.take((b, K + 1, V))  # (b, K+1, V)
+                torch.index_select(t_tab, 0, tctx.view(-1), out=target_probs.view(b * (K + 1), V))
+                draft_probs = draft_buffer.take((b, K, V))  # (b, K, V)
+                torch.index_select(d_tab, 0, dctx[:, :K].reshape(-1), out=draft_probs.view(b * K, V))
+                dev_drafts = drafts
+            else:  # one host-to-device copy of the contexts and drafts, gathers on the device
+                moved = torch.cat([tctx.view(-1), dctx[:, :K].reshape(-1), drafts.view(-1)]).to(dev)  # (b*(3K+1),)
+                n_t, n_d = b * (K + 1), b * K
+                target_probs = t_tab.index_select(0, moved[:n_t]).view(b, K + 1, V)  # (b, K+1, V)
+                draft_probs = d_tab.index_select(0, moved[n_t : n_t + n_d]).view(b, K, V)  # (b, K, V)
+                dev_drafts = moved[n_t + n_d :].view(b, K)  # (b, K)
             if num_calls == 0 and determinism_rows > 0:
                 r = min(b, determinism_rows)
-                check_determinism(verify, target_probs[:r], draft_probs[:r], drafts[:r], seed=seeds[2] % 2**63)
-            tokens, num_emitted = call_verifier(verify, target_probs, draft_probs, drafts.clone(), generator=verify_gen)
-            del target_probs, draft_probs
+                check_determinism(verify, target_probs[:r], draft_probs[:r], dev_drafts[:r], seed=seeds[2] % 2**63)
+            tokens, num_emitted = call_verifier(
+                verify, target_probs, draft_probs, dev_drafts.clone(), generator=verify_gen
+            )
+            del target_probs, draft_probs, dev_drafts
             num_calls += 1
             trials.record(tokens, num_emitted, drafts, tctx, dctx)
             group.append(tokens, num_emitted, tctx, dctx)
         groups.append(group)
+    return collect_run(groups, trials.positions, trials.accept_probs, trials.accepted, K, B, L, num_calls, start)
+
+
+def collect_run(groups, positions, accept_probs, accepted, K: int, B: int, L: int, num_calls: int, start: float):
+    """The :class:`HarnessRun` of finished groups (each cut at L) and the trials' lists."""
     return HarnessRun(
-        tokens=torch.cat([g.tokens[:, :L] for g in groups]),
-        target_contexts=torch.cat([g.target_contexts[:, :L] for g in groups]),
-        draft_contexts=torch.cat([g.draft_contexts[:, :L] for g in groups]),
-        block_positions=torch.cat([g.block_positions[:, :L] for g in groups]),
-        trial_positions=torch.cat(trials.positions),
-        trial_accept_probs=torch.cat(trials.accept_probs),
-        trial_accepted=torch.cat(trials.accepted),
+        tokens=torch.cat([g.tokens[:, :L] for g in groups]),  # (R, L)
+        target_contexts=torch.cat([g.target_contexts[:, :L] for g in groups]),  # (R, L)
+        draft_contexts=torch.cat([g.draft_contexts[:, :L] for g in groups]),  # (R, L)
+        block_positions=torch.cat([g.block_positions[:, :L] for g in groups]),  # (R, L)
+        trial_positions=torch.cat(positions),
+        trial_accept_probs=torch.cat(accept_probs),
+        trial_accepted=torch.cat(accepted),
         k=K,
         batch_size=B,
-        num_groups=G,
+        num_groups=len(groups),
         length=L,
         num_calls=num_calls,
         seconds=time.perf_counter() - start,

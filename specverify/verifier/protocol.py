@@ -25,7 +25,7 @@ def _describe(value) -> str:
     return f"{type(value).__name__} of shape {shape}, dtype {getattr(value, 'dtype', '?')}"
 
 
-def _as_long(name: str, value, shape) -> torch.Tensor:
+def _as_long(name: str, value, shape, device: torch.device) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         try:
             value = torch.as_tensor(value)
@@ -35,7 +35,7 @@ def _as_long(name: str, value, shape) -> torch.Tensor:
         raise ImplementationError(f"verifier returned {name} with dtype {value.dtype} (expected an integer dtype)")
     if tuple(value.shape) != tuple(shape):
         raise ImplementationError(f"verifier returned {name} of shape {tuple(value.shape)} (expected {tuple(shape)})")
-    return value.to(device="cpu", dtype=torch.long)
+    return value.to(device=device, dtype=torch.long)
 
 
 def validate_verifier_output(output, draft_tokens: torch.Tensor, vocab_size: int):
@@ -44,7 +44,9 @@ def validate_verifier_output(output, draft_tokens: torch.Tensor, vocab_size: int
     Checks: a pair of integer tensors of shapes (B, K+1) and (B,); ``num_emitted``
     in [1, K+1]; emitted token ids in [0, V); the emitted draft prefix (positions
     < num_emitted - 1) equal to the drafted tokens.  Entries past ``num_emitted``
-    are ignored, as the protocol says.
+    are ignored, as the protocol says.  The checks run on the device of
+    ``draft_tokens`` (one host sync); the validated pair is copied to the CPU in one
+    transfer.
 
     Raises
     ------
@@ -54,14 +56,23 @@ def validate_verifier_output(output, draft_tokens: torch.Tensor, vocab_size: int
     B, K = draft_tokens.shape
     if not isinstance(output, (tuple, list)) or len(output) != 2:
         raise ImplementationError(f"verifier must return (tokens, num_emitted), got {_describe(output)}")
-    tokens = _as_long("tokens", output[0], (B, K + 1))
-    num_emitted = _as_long("num_emitted", output[1], (B,))
-    j = torch.arange(K + 1)  # (K+1,)
+    device = draft_tokens.device
+    tokens = _as_long("tokens", output[0], (B, K + 1), device)
+    num_emitted = _as_long("num_emitted", output[1], (B,), device)
+    j = torch.arange(K + 1, device=device)  # (K+1,)
     bad_n = (num_emitted < 1) | (num_emitted > K + 1)  # (B,)
     emitted = j[None] < num_emitted[:, None]  # (B, K+1)
     bad_tok = emitted & ((tokens < 0) | (tokens >= vocab_size))  # (B, K+1)
     bad_prefix = (j[None, :K] < (num_emitted[:, None] - 1)) & (tokens[:, :K] != draft_tokens)  # (B, K)
-    if not bool(bad_n.any() | bad_tok.any() | bad_prefix.any()):
+    if device.type != "cpu":  # one transfer: the pair and the three flags
+        flags = torch.stack([bad_n.any(), bad_tok.any(), bad_prefix.any()]).long()  # (3,)
+        packed = torch.cat([tokens.reshape(-1), num_emitted, flags]).cpu()  # (B*(K+1) + B + 3,)
+        n_tok = B * (K + 1)
+        tokens, num_emitted = packed[:n_tok].view(B, K + 1), packed[n_tok : n_tok + B]
+        if not bool(packed[n_tok + B :].any()):
+            return tokens, num_emitted
+        bad_n, bad_tok, bad_prefix, draft_tokens = bad_n.cpu(), bad_tok.cpu(), bad_prefix.cpu(), draft_tokens.cpu()
+    elif not bool(bad_n.any() | bad_tok.any() | bad_prefix.any()):
         return tokens, num_emitted
     if bool(bad_n.any()):
         b = int(bad_n.nonzero()[0])
@@ -94,9 +105,12 @@ def call_verifier(verify, target_probs, draft_probs, draft_tokens, *, generator)
 
 
 def check_determinism(verify, target_probs, draft_probs, draft_tokens, *, seed: int) -> None:
-    """Two calls with equal generator states must give equal emitted outputs."""
+    """Two calls with equal generator states (a generator of the inputs' device) must give equal outputs."""
+    device = target_probs.device
     outs = [
-        call_verifier(verify, target_probs, draft_probs, draft_tokens, generator=torch.Generator().manual_seed(seed))
+        call_verifier(
+            verify, target_probs, draft_probs, draft_tokens, generator=torch.Generator(device=device).manual_seed(seed)
+        )
         for _ in range(2)
     ]
     (t1, n1), (t2, n2) = outs

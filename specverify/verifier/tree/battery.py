@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from specverify import stats
+from specverify.core.devices import check_device, check_prob_dtype, device_extra
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.results import Report, TestResult, protocol_result
 from specverify.core.validation import check_run_options
@@ -90,7 +91,9 @@ def accepted_length_results(tree_run: TreeHarnessRun, scenario: TreeScenario, ta
     return out, "", first
 
 
-def run_tree_scenario(verify_tree, scenario: TreeScenario, *, tier: str, seed: int, alpha: float):
+def run_tree_scenario(
+    verify_tree, scenario: TreeScenario, *, tier: str, seed: int, alpha: float, device=None, dtype=None
+):
     """Run one tree scenario: ``(results, errors, summary, seconds)``."""
     start = time.perf_counter()
     if scenario.edge_coins and getattr(verify_tree, "kernel", None) is None:
@@ -108,6 +111,8 @@ def run_tree_scenario(verify_tree, scenario: TreeScenario, *, tier: str, seed: i
             generator=generator,
             num_groups=scenario.num_groups(tier),
             edge_coins=scenario.edge_coins,
+            device=device,
+            dtype=dtype,
         )
     except ImplementationError as exc:
         message = f"{scenario.name}: {exc}"
@@ -168,6 +173,8 @@ def check_tree_verifier(
     modes=None,
     progress=None,
     implementation: str | None = None,
+    device=None,
+    dtype=None,
 ) -> Report:
     """Statistically audit a tree / multi-draft verifier; return a :class:`~specverify.core.results.Report`.
 
@@ -191,6 +198,11 @@ def check_tree_verifier(
         ``progress(done, total, name)`` before each scenario and once at the end.
     implementation : str, optional
         Name recorded in the report.
+    device : str or torch.device, optional
+        Where ``verify_tree`` runs (default the CPU); see
+        :func:`~specverify.verifier.tree.harness.run_tree_harness`.
+    dtype : torch.dtype or str, optional
+        dtype of the probabilities handed in: float32 (default), bfloat16, float16.
 
     Returns
     -------
@@ -201,6 +213,7 @@ def check_tree_verifier(
     if not callable(verify_tree):
         raise InvalidArgument(f"verify_tree must be callable, got {verify_tree!r}")
     seed, alpha = check_run_options(tier, TIERS, seed, alpha, progress)
+    dev, prob_dtype = check_device("device", device), check_prob_dtype("dtype", dtype)
     chosen = get_tree_scenarios(scenarios, modes=modes)
     if not chosen:
         raise InvalidArgument(f"no tree scenario matches scenarios={scenarios!r} and modes={modes!r}")
@@ -209,7 +222,9 @@ def check_tree_verifier(
     for i, scenario in enumerate(chosen):
         if progress is not None:
             progress(i, len(chosen), scenario.name)
-        res, errs, summary, secs = run_tree_scenario(verify_tree, scenario, tier=tier, seed=seed, alpha=alpha)
+        res, errs, summary, secs = run_tree_scenario(
+            verify_tree, scenario, tier=tier, seed=seed, alpha=alpha, device=dev, dtype=prob_dtype
+        )
         results += res
         errors += errs
         summaries[scenario.name] = summary
@@ -238,6 +253,7 @@ def check_tree_verifier(
             "trees": {name: {k: v for k, v in s.items() if k != "acceptance"} for name, s in summaries.items()},
             "acceptance": {name: s["acceptance"] for name, s in summaries.items() if s.get("acceptance")},
             "modes": sorted({s.drafting.mode for s in chosen}),
+            **device_extra(dev, prob_dtype),
         },
     )
 

@@ -30,10 +30,11 @@ from dataclasses import dataclass
 
 import torch
 
+from specverify.core.devices import check_device, check_prob_dtype
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.tables import TableModel
 from specverify.core.validation import check_generator, check_int
-from specverify.verifier.harness import HarnessRun, _Group
+from specverify.verifier.harness import HarnessRun, _Group, collect_run
 from specverify.verifier.tree.drafting import TreeDrafting, draft_trees
 from specverify.verifier.tree.exact import node_law
 from specverify.verifier.tree.protocol import TreeBatch, call_tree_verifier, children_table, draw_uniforms
@@ -101,12 +102,19 @@ def run_tree_harness(
     num_groups: int = 1,
     determinism_rows: int = 64,
     edge_coins: bool = False,
+    device=None,
+    dtype=None,
 ) -> TreeHarnessRun:
     """Run tree speculative decoding with ``verify_tree`` on table models; see the module docstring.
 
     ``edge_coins=True`` drives a uniforms-in kernel (``verify_tree.kernel``, see
     :func:`~specverify.verifier.tree.protocol.uniforms_in`) with exact-zero coins on every
     fourth row: only exact tests (support, protocol) stay valid on such a run.
+
+    ``device`` (default the CPU) is where ``verify_tree`` runs: its inputs are copied there
+    each round (probabilities in ``dtype``, default float32), it gets a generator of that
+    device, and its output is copied back and validated on the CPU.  Drafting and the
+    bookkeeping stay on the CPU, so ``device="cpu"`` is bit-identical to the default.
 
     Raises
     ------
@@ -122,7 +130,10 @@ def run_tree_harness(
         verify_tree = _edge_coin_verifier(verify_tree)
     seeds = torch.randint(0, 2**62, (3,), generator=generator).tolist()
     draft_gen = torch.Generator().manual_seed(seeds[0])
-    verify_gen = torch.Generator().manual_seed(seeds[1])
+    dev = check_device("device", device)
+    prob_dtype = check_prob_dtype("dtype", dtype)
+    move = {} if dev.type == "cpu" and prob_dtype == torch.float32 else {"device": dev, "dtype": prob_dtype}
+    verify_gen = torch.Generator(device=dev).manual_seed(seeds[1])
     accept_probs = _AcceptProbs(target, drafter, spec.mode)
     trial_pos, trial_prob, trial_acc = [], [], []
     depths, root_t, root_d = [], [], []
@@ -143,8 +154,8 @@ def run_tree_harness(
                 mode=spec.mode,
             )
             if num_calls == 0 and determinism_rows > 0:
-                _check_determinism(verify_tree, batch, determinism_rows, seeds[2] % 2**63)
-            out = call_tree_verifier(verify_tree, batch, generator=verify_gen)
+                _check_determinism(verify_tree, batch, determinism_rows, seeds[2] % 2**63, move)
+            out = call_tree_verifier(verify_tree, batch, generator=verify_gen, **move)
             num_calls += 1
             children = children_table(trees.parents)  # (b, N+1, S)
             slot, tctx, dctx, has_kids = _positions(out, children, slot_t, slot_d, K)
@@ -166,21 +177,7 @@ def run_tree_harness(
             law_dctx = torch.where(has_kids, dctx, -1) if spec.mode != "any" else torch.full_like(dctx, -1)
             group.append(emitted, out.num_emitted, tctx, dctx, law_contexts=law_dctx)
         groups.append(group)
-    run = HarnessRun(
-        tokens=torch.cat([g.tokens[:, :L] for g in groups]),
-        target_contexts=torch.cat([g.target_contexts[:, :L] for g in groups]),
-        draft_contexts=torch.cat([g.draft_contexts[:, :L] for g in groups]),
-        block_positions=torch.cat([g.block_positions[:, :L] for g in groups]),
-        trial_positions=torch.cat(trial_pos),
-        trial_accept_probs=torch.cat(trial_prob),
-        trial_accepted=torch.cat(trial_acc),
-        k=K,
-        batch_size=B,
-        num_groups=G,
-        length=L,
-        num_calls=num_calls,
-        seconds=time.perf_counter() - start,
-    )
+    run = collect_run(groups, trial_pos, trial_prob, trial_acc, K, B, L, num_calls, start)
     return TreeHarnessRun(run, torch.cat(depths), torch.cat(root_t), torch.cat(root_d), N)
 
 
@@ -199,7 +196,7 @@ def _edge_coin_verifier(verify_tree):
     return edge_verify_tree
 
 
-def _check_determinism(verify_tree, batch: TreeBatch, rows: int, seed: int) -> None:
+def _check_determinism(verify_tree, batch: TreeBatch, rows: int, seed: int, move=None) -> None:
     """Two calls with generators of one seed on the first rows must agree."""
     r = min(rows, batch.shape[0])
     head = TreeBatch(
@@ -209,8 +206,10 @@ def _check_determinism(verify_tree, batch: TreeBatch, rows: int, seed: int) -> N
         batch.parents[:r],
         batch.mode,
     )
-    first = call_tree_verifier(verify_tree, head, generator=torch.Generator().manual_seed(seed))
-    second = call_tree_verifier(verify_tree, head, generator=torch.Generator().manual_seed(seed))
+    move = move or {}
+    dev = move.get("device", torch.device("cpu"))
+    first = call_tree_verifier(verify_tree, head, generator=torch.Generator(device=dev).manual_seed(seed), **move)
+    second = call_tree_verifier(verify_tree, head, generator=torch.Generator(device=dev).manual_seed(seed), **move)
     for name in ("emitted", "num_emitted", "path"):
         a, b = getattr(first, name), getattr(second, name)
         if not torch.equal(a, b):

@@ -383,20 +383,31 @@ def check_tree_output(output, batch: TreeBatch) -> TreeOutput:
     return TreeOutput(emitted, num_emitted, path)
 
 
-def call_tree_verifier(verify_tree, batch: TreeBatch, *, generator: torch.Generator) -> TreeOutput:
+def call_tree_verifier(
+    verify_tree, batch: TreeBatch, *, generator: torch.Generator, device=None, dtype=None
+) -> TreeOutput:
     """Call ``verify_tree`` on ``batch``; an exception or a protocol violation becomes ``ImplementationError``.
 
     The verifier gets clones of the input tensors (kernels such as SGLang's write into
-    ``draft_probs``), so ``batch`` is unchanged afterwards.
+    ``draft_probs``), so ``batch`` is unchanged afterwards.  With ``device`` (not the CPU)
+    or ``dtype`` (not float32) the clones are copies on that device, probabilities in
+    that dtype; the output is copied back and validated against ``batch`` on the CPU.
     """
     check_generator("generator", generator)
-    draft = None if batch.draft_probs is None else batch.draft_probs.clone()
+
+    def copy(t, probs):
+        if t is None:
+            return None
+        if device is None and (dtype is None or not probs):
+            return t.clone()
+        return t.to(device=device, dtype=dtype if probs else None, copy=True)
+
     try:
         output = verify_tree(
-            batch.target_probs.clone(),
-            draft,
-            batch.tokens.clone(),
-            batch.parents.clone(),
+            copy(batch.target_probs, True),
+            copy(batch.draft_probs, True),
+            copy(batch.tokens, False),
+            copy(batch.parents, False),
             mode=batch.mode,
             generator=generator,
         )

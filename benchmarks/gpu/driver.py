@@ -1,0 +1,225 @@
+"""The prepared accelerator check of issue 16: one run, everything written under one folder.
+
+Sections (each timed, each skipped with a note when the time budget would be exceeded):
+
+1. ``environment.json`` -- torch/CUDA versions, the device, and ``nvidia_smi.txt`` (written by run.sh);
+2. ``decoder.json`` -- the reference decoder (``reference.decoder.SpeculativeDecoder``) in
+   bfloat16 vs direct sampling (``reference.direct.DirectSampler``): new tokens/s at each batch
+   size, tokens per target pass, time per target pass (a direct step) against the
+   memory-bound estimate of ``specverify.drafter.costmodel.target_pass_seconds``;
+3. ``check_verifier/`` -- ``check_verifier(reference.rules.verify, device=..., tier=...)``:
+   its report (json, md), wall time and detectable TV;
+4. ``kernels.json`` (+ ``kernel_<name>/report.json``) -- the FlashInfer and vLLM adapters of
+   ``specverify.adapters.gpu_kernels`` audited on the device when their packages import;
+5. ``summary.json`` -- the figures above in one place, and what was skipped and why.
+
+``--dry-run``: the same code paths on the CPU with tiny sizes (CI runs it, < 30 s).
+
+Usage: python benchmarks/gpu/driver.py --out DIR [--dry-run] [--device cuda:0] [--budget 450]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+import specverify as sv
+from reference.decoder import SpeculativeDecoder
+from reference.direct import DirectSampler
+from reference.models import make_pair
+from reference.processors import SamplingConfig
+from reference.rules import verify as reference_verify
+from specverify.drafter.costmodel import target_pass_seconds
+from specverify.report import write_report
+
+#: Sizes of the real run and of the dry run.
+SIZES = {
+    "gpu": dict(
+        vocab=32000, d_model=2048, layers=16, heads=16, draft_layers=2, batches=(1, 64), k=4, max_new=128,
+        repeats=3, tier="standard", scenarios=None, kernel_tier="smoke", bytes_per_param=2.0,
+        kernel_scenarios=["pos8_uniform_k4", "markov8_temperature_k2", "pos32_adversary_k4", "pos32_topk_disjoint_k4"],
+    ),
+    "dry": dict(
+        vocab=64, d_model=32, layers=2, heads=2, draft_layers=1, batches=(1, 4), k=2, max_new=8,
+        repeats=1, tier="smoke", scenarios=["pos8_uniform_k4"], kernel_tier="smoke", bytes_per_param=2.0,
+        kernel_scenarios=["pos8_uniform_k4"],
+    ),
+}  # fmt: skip
+#: HBM bandwidth (bytes/s) by device-name substring, for the memory-bound estimate.
+BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12, "L40": 0.864e12, "A10": 0.6e12, "T4": 0.32e12}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn, repeats: int, device: torch.device):
+    fn()  # warm-up (compilation, allocator)
+    times, result = [], None
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        result = fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def environment(device: torch.device) -> dict:
+    env = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": str(device),
+        "specverify": sv.__version__,
+        "threads": torch.get_num_threads(),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        env.update(
+            device_name=props.name,
+            memory_gib=round(props.total_memory / 2**30, 1),
+            sm_count=props.multi_processor_count,
+        )
+    return env
+
+
+def bench_decoder(device: torch.device, size: dict, dtype: torch.dtype, bandwidth: float) -> dict:
+    """Speculative vs direct tokens/s per batch size; tokens per pass; time per target pass vs the estimate."""
+    target, drafter = make_pair(
+        vocab_size=size["vocab"], seed=0, device=device, dtype=dtype, d_model=size["d_model"],
+        n_layers=size["layers"], n_heads=size["heads"], draft_layers=size["draft_layers"],
+    )  # fmt: skip
+    params = sum(p.numel() for p in target.parameters())
+    estimate = target_pass_seconds(params, bytes_per_parameter=size["bytes_per_param"], bandwidth_bytes_per_s=bandwidth)
+    sampling = SamplingConfig(temperature=1.0)
+    rows = []
+    prompt_gen = torch.Generator().manual_seed(0)
+    for B in size["batches"]:
+        prompts = torch.randint(0, size["vocab"], (B, 8), generator=prompt_gen).to(device)  # (B, 8)
+        L = size["max_new"]
+
+        def gen():
+            return torch.Generator(device=device).manual_seed(1)
+
+        direct = DirectSampler(target, sampling)
+        t_direct, _ = _timed(lambda: direct.generate_batch(prompts, L, generator=gen()), size["repeats"], device)
+        spec = SpeculativeDecoder(target, drafter, k=size["k"], sampling=sampling)
+        t_spec, result = _timed(lambda: spec.generate_batch(prompts, L, generator=gen()), size["repeats"], device)
+        stats = result.stats
+        rows.append(
+            dict(
+                batch=B,
+                k=size["k"],
+                new_tokens=L,
+                direct_tokens_per_s=B * L / t_direct,
+                speculative_tokens_per_s=B * L / t_spec,
+                speedup=t_direct / t_spec,
+                tokens_per_target_pass=stats.tokens_per_pass,
+                acceptance_by_position=list(stats.acceptance_rate),
+                seconds_per_target_pass=t_direct / L,
+                memory_bound_seconds_per_pass=estimate,
+                pass_over_estimate=(t_direct / L) / estimate,
+            )
+        )
+    return dict(dtype=str(dtype).removeprefix("torch."), parameters=params, bandwidth_bytes_per_s=bandwidth, rows=rows)
+
+
+def audit(verify, out: Path, device: torch.device, tier: str, scenarios) -> dict:
+    start = time.perf_counter()
+    report = sv.check_verifier(verify, tier=tier, seed=0, device=device, scenarios=scenarios)
+    seconds = time.perf_counter() - start
+    write_report(report, out, plots=False)
+    tvs = sorted(r.mde_tv for r in report.results if isinstance(r.mde_tv, float) and r.mde_tv == r.mde_tv)
+    return dict(
+        verdict=report.verdict,
+        errors=list(report.errors),
+        seconds=seconds,
+        tests=len(report.results),
+        detectable_tv_median=statistics.median(tvs) if tvs else None,
+        detectable_tv_best=tvs[0] if tvs else None,
+        tier=tier,
+    )
+
+
+def kernels(out: Path, device: torch.device, tier: str, scenarios, dry_run: bool) -> dict:
+    """Audit each GPU kernel adapter whose package imports (on CPU in a dry run: only the import probe)."""
+    from specverify.adapters import gpu_kernels
+
+    found = {}
+    for name, build in (
+        ("flashinfer_chain", gpu_kernels.flashinfer_chain_verifier),
+        ("vllm_rejection_sample", gpu_kernels.vllm_rejection_sample_verifier),
+    ):
+        try:
+            verify = build()
+        except Exception as exc:  # not installed (ImportError) or an unknown version
+            found[name] = dict(status="not available", reason=f"{type(exc).__name__}: {exc}"[:500])
+            continue
+        if dry_run or device.type != "cuda":
+            found[name] = dict(status="importable; not run off CUDA")
+            continue
+        try:
+            found[name] = dict(status="audited", **audit(verify, out / f"kernel_{name}", device, tier, scenarios))
+        except Exception as exc:
+            found[name] = dict(status="audit raised", reason="".join(traceback.format_exception(exc))[-2000:])
+    return found
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="folder for every output")
+    parser.add_argument("--dry-run", action="store_true", help="same code paths on the CPU, tiny sizes")
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--budget", type=float, default=330.0, help="seconds for the whole run (sections skip past it)")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    size = SIZES["dry" if args.dry_run else "gpu"]
+    device = torch.device("cpu" if args.dry_run else args.device)
+    started = time.perf_counter()
+    summary: dict = {"dry_run": args.dry_run, "device": str(device), "sections": {}, "skipped": {}}
+    env = environment(device)
+    (out / "environment.json").write_text(json.dumps(env, indent=2))
+    name = env.get("device_name", "")
+    bandwidth = next((bw for key, bw in BANDWIDTH.items() if key in name), 3.35e12)
+    # (section, estimated seconds, function)
+    sections = [
+        ("decoder", 90.0, lambda: bench_decoder(device, size, torch.bfloat16, bandwidth)),
+        ("kernels", 60.0, lambda: kernels(out, device, size["kernel_tier"], size["kernel_scenarios"], args.dry_run)),
+        ("check_verifier", 150.0, lambda: audit(reference_verify, out / "check_verifier", device, size["tier"], size["scenarios"])),
+    ]  # fmt: skip
+    for section, estimate, fn in sections:
+        left = args.budget - (time.perf_counter() - started)
+        if not args.dry_run and left < estimate:
+            summary["skipped"][section] = f"{left:.0f} s left of the budget, the section needs about {estimate:.0f} s"
+            continue
+        t0 = time.perf_counter()
+        try:
+            result = fn()
+            (out / f"{section}.json").write_text(json.dumps(result, indent=2, default=str))
+            summary["sections"][section] = dict(seconds=time.perf_counter() - t0, result=result)
+        except Exception as exc:
+            summary["sections"][section] = dict(error="".join(traceback.format_exception(exc))[-3000:])
+        print(f"{section}: {time.perf_counter() - t0:.1f} s", flush=True)
+    summary["seconds"] = time.perf_counter() - started
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    failed = [s for s, v in summary["sections"].items() if "error" in v]
+    print(
+        f"done in {summary['seconds']:.1f} s; errors in: {failed or 'none'}; skipped: {list(summary['skipped']) or 'none'}"
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
