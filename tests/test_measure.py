@@ -177,3 +177,58 @@ def test_hf_ensemble_control_cli(tmp_path):
     data = json.loads((tmp_path / "measure.json").read_text())
     for s in data["by_block"] + data["by_position"]:
         assert s["estimate"]["tv_lower"] <= s["declared_tv"] <= s["estimate"]["tv_upper"], s["stratum"]
+
+
+def test_overall_tv_is_a_simultaneous_band_around_the_mean():
+    v = lossy.ensemble(0.4)
+    result = measure_divergence(
+        v, scenario="pos8_uniform_k4", level=LEVEL, declared_law=v.declared_law, batch_size=1024
+    )
+    o = result.overall
+    positions = result.by_position
+    assert o.positions == len(positions) and o.level == LEVEL
+    assert o.tv == pytest.approx(sum(s.estimate.tv for s in positions) / len(positions))
+    assert o.declared_tv == pytest.approx(sum(s.declared_tv for s in positions) / len(positions))
+    assert o.tv_lower <= o.declared_tv <= o.tv_upper
+    # Bonferroni-widened: no narrower than the mean of the per-position intervals
+    assert o.tv_upper - o.tv_lower >= sum(s.estimate.tv_upper - s.estimate.tv_lower for s in positions) / len(positions)
+    assert "mean TV per token" in result.summary()
+    assert json.loads(json.dumps(result.to_dict()))["overall"]["positions"] == len(positions)
+
+
+def test_cli_calls_a_factory_with_its_defaults(capsys):
+    # reference.lossy:ensemble needs no argument (weight=0.5): called, not used as the verify callable
+    args = _parser().parse_args(
+        ["measure", "--verifier", "reference.lossy:ensemble", "--scenario", "pos2_least_likely_k2"]
+    )
+    assert measure_cli.run(args) == 0
+    assert "conformance to the declared law" in capsys.readouterr().out
+
+
+def test_hf_generate_ensemble_conforms_at_draft_positions():
+    """generate(assistant_ensemble_weight=0.5): positions 1..K emit w p + (1 - w) q at the generated prefix.
+
+    With max_new_tokens = K + 1: transformers drafts at most (tokens left - 1) per round, so the last
+    position can be a capped round's bonus (law p) and is not measured.
+    """
+    _hf_kernel()
+    hf = pytest.importorskip("specverify.adapters.hf")
+    import torch
+
+    from specverify.verifier.measure import measure_decoder_divergence
+
+    decoder = hf.tiny_assisted_decoder(k=2, assistant_ensemble_weight=0.5, seed=0)
+    target = decoder.target()
+    draft = hf.HFTarget(decoder.assistant, num_threads=1, suppress_tokens=decoder.options["suppress_tokens"])
+    result = measure_decoder_divergence(
+        decoder, target, draft=draft, prompt=torch.tensor([1, 2]), num_samples=600, max_new_tokens=3, seed=0,
+        level=LEVEL, declared_law=lossy.ensemble(0.5).declared_law, positions=(1, 2),
+    )  # fmt: skip
+    first = result.by_position[0]
+    assert first.estimate.num_contexts == 1 and first.declared_tv > 0.05
+    assert first.estimate.tv_lower <= first.declared_tv <= first.estimate.tv_upper
+    assert result.conformance_verdict in ("pass", "suspicious")
+    assert len(result.by_position) == 2 and result.by_block == ()
+    with pytest.raises(InvalidArgument, match="declared_law"):
+        measure_decoder_divergence(decoder, target, prompt=torch.tensor([1]), num_samples=4, max_new_tokens=1,
+                                   declared_law=lossy.ensemble(0.5).declared_law)  # fmt: skip

@@ -6,6 +6,8 @@
                        [--tier smoke|standard|deep] [--seed N] [--level 0.95]
                        [--declared-law PKG.MOD:NAME [--declared-option K=V ...]] [--alpha 1e-3]
                        [--out DIR] [--json]
+    specverify measure --verifier PKG.MOD:FACTORY --sweep KEY=V1,V2,... [--draft-cost C]
+                       [--declared-sweep-key NAME] [... as above]
 
 Prints per in-block and per absolute position the bias-corrected TV with its confidence
 interval, the declared law's exact TV (when there is one: ``--declared-law``, or the
@@ -14,20 +16,33 @@ provide) and KL, then tokens per target pass.  ``--out DIR`` writes ``measure.js
 and ``measure.txt`` atomically.  Exit status: 0 measured (and conformant to the declared
 law, if any), 1 not conformant to the declared law, 2 bad usage or a broken implementation.
 
-Example: ``specverify measure --verifier reference.lossy:ensemble --verifier-option weight=0.5``.
+``--sweep KEY=V1,V2,...`` measures the factory once per value (``KEY=Vi`` added to the
+``--verifier-option``-s; values are Python literals, ``None`` included) with
+:func:`specverify.verifier.sweep.sweep` and prints the trade-off table (TV with its
+interval per position and per token, tokens per target pass, memory-bound speedup at
+``--draft-cost``); ``--out DIR`` writes ``sweep.json``, ``sweep.md`` and ``sweep.html``
+(with the plot).  The declared law is each verifier's ``declared_law``, or
+``--declared-law`` with the swept value passed as ``--declared-sweep-key`` (if given).
+Exit status 1 if any value is not conformant to its declared law.
+
+Examples: ``specverify measure --verifier reference.lossy:ensemble --verifier-option weight=0.5``;
+``specverify measure --verifier reference.lossy:ensemble --sweep weight=0.1,0.5,1.0 --out DIR``.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
+import inspect
 import json
+import shlex
 import sys
 from pathlib import Path
 
 from specverify.core.errors import InvalidArgument, SpecVerifyError
 from specverify.core.loading import load_object, parse_options
 
-__all__ = ["add_parser", "run", "build_verify"]
+__all__ = ["add_parser", "run", "run_sweep", "build_verify", "parse_sweep"]
 
 EXIT_OK, EXIT_NONCONFORMANT, EXIT_USAGE = 0, 1, 2
 
@@ -52,13 +67,129 @@ def add_parser(subparsers):
     parser.add_argument("--alpha", type=float, default=1e-3, help="false-alarm rate of the conformance check")
     parser.add_argument("--out", metavar="DIR", help="write measure.json and measure.txt here")
     parser.add_argument("--json", action="store_true", help="print the JSON result instead of the table")
+    parser.add_argument(
+        "--sweep", metavar="KEY=V1,V2,...", help="sweep one factory option: trade-off table, sweep.{json,md,html}"
+    )
+    parser.add_argument(
+        "--draft-cost", type=float, default=None, help="drafter pass in target passes, for the speedup (default 0.05)"
+    )
+    parser.add_argument(
+        "--declared-sweep-key", metavar="NAME", help="pass the swept value to --declared-law as NAME=value"
+    )
     return parser
 
 
+def parse_sweep(text: str) -> tuple[str, list]:
+    """``KEY=V1,V2,...`` -> (KEY, [V1, V2, ...]); values are Python literals or plain strings."""
+    key, sep, rest = (text or "").partition("=")
+    parts = [part.strip() for part in rest.split(",")]
+    if not sep or not key.isidentifier() or not any(parts) or not all(parts):
+        raise InvalidArgument(f"--sweep must look like KEY=V1,V2,... with non-empty values, got {text!r}")
+    values = []
+    for part in parts:
+        try:
+            values.append(ast.literal_eval(part))
+        except (ValueError, SyntaxError):
+            values.append(part)
+    return key, values
+
+
+def _command(args) -> str:
+    """The canonical command line of a sweep run (recorded in the report)."""
+    words = ["specverify", "measure", "--verifier", args.verifier]
+    for option in args.verifier_option:
+        words += ["--verifier-option", option]
+    if args.scenario:
+        words += ["--scenario", args.scenario]
+    words += ["--tier", args.tier, "--seed", str(args.seed), "--level", f"{args.level:g}", "--sweep", args.sweep]
+    if args.draft_cost is not None:
+        words += ["--draft-cost", f"{args.draft_cost:g}"]
+    if args.declared_law:
+        words += ["--declared-law", args.declared_law]
+        for option in args.declared_option:
+            words += ["--declared-option", option]
+        if args.declared_sweep_key:
+            words += ["--declared-sweep-key", args.declared_sweep_key]
+    if args.alpha != 1e-3:
+        words += ["--alpha", f"{args.alpha:g}"]
+    if args.out:
+        words += ["--out", str(args.out)]
+    return shlex.join(words)
+
+
+def _declared(args):
+    """None, or ``(law, options)`` from ``--declared-law`` / ``--declared-option``."""
+    if not args.declared_law:
+        if getattr(args, "declared_sweep_key", None):
+            raise InvalidArgument("--declared-sweep-key needs --declared-law")
+        return None
+    law = load_object(args.declared_law, argument="--declared-law")
+    return law, dict(parse_options(args.declared_option, argument="--declared-option"))
+
+
+def run_sweep(args) -> int:
+    """``specverify measure --sweep``: one measurement per value; returns the exit status."""
+    from specverify.report.sweep import write_sweep
+    from specverify.verifier.sweep import DEFAULT_DRAFT_COST, sweep
+
+    try:
+        key, values = parse_sweep(args.sweep)
+        options = dict(parse_options(args.verifier_option, argument="--verifier-option"))
+        if key in options:
+            raise InvalidArgument(f"--sweep {key}=... and --verifier-option {key}=... both set {key}")
+        declared = _declared(args)
+        declared_law = None
+        if declared is not None:
+            law, law_options = declared
+
+            def declared_law(value):
+                extra = {args.declared_sweep_key: value} if args.declared_sweep_key else {}
+                return functools.partial(law, **law_options, **extra)
+
+        result = sweep(
+            lambda value: build_verify(args.verifier, {**options, key: value}),
+            values,
+            scenario=args.scenario,
+            tier=args.tier,
+            seed=args.seed,
+            level=args.level,
+            draft_cost=DEFAULT_DRAFT_COST if args.draft_cost is None else args.draft_cost,
+            declared_law=declared_law,
+            knob=key,
+            subject=args.verifier,
+            alpha=args.alpha,
+            command=_command(args),
+            progress=None if args.json else lambda line: print(line, file=sys.stderr),
+        )
+    except SpecVerifyError as error:
+        print(f"specverify: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    print(json.dumps(result.to_dict(), indent=1) if args.json else result.summary())
+    if args.out:
+        write_sweep(result, args.out)
+    return EXIT_NONCONFORMANT if "fail" in result.verdicts else EXIT_OK
+
+
+def _is_factory(obj) -> bool:
+    """A callable that takes no ``generator`` and needs no argument: a factory to call with its defaults."""
+    try:
+        params = inspect.signature(obj).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    names = {p.name for p in params}
+    required = [
+        p for p in params if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    return "generator" not in names and not required
+
+
 def build_verify(spec: str, options):
-    """The verify callable named by ``spec``: a function, or a factory called with ``options``."""
+    """The verify callable named by ``spec``: a function, or a factory called with ``options`` (or its defaults)."""
     obj = load_object(spec, argument="--verifier")
-    if options:
+    if not options and _is_factory(obj):
+        options = {}
+        obj = obj()
+    elif options:
         if not callable(obj):
             raise InvalidArgument(f"--verifier {spec}: not a factory, so --verifier-option does not apply")
         try:
@@ -79,6 +210,8 @@ def run(args) -> int:
     from specverify.report.io import atomic_write_text
     from specverify.verifier.measure import measure_divergence
 
+    if getattr(args, "sweep", None):
+        return run_sweep(args)
     try:
         verify = build_verify(args.verifier, parse_options(args.verifier_option, argument="--verifier-option"))
         declared = getattr(verify, "declared_law", None)

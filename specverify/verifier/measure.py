@@ -46,7 +46,14 @@ from specverify.stats.gof import gof_test, support_test
 from specverify.verifier.harness import HarnessRun, run_harness
 from specverify.verifier.scenarios import TIERS, Scenario, get_scenarios, scenario_seed
 
-__all__ = ["StratumDivergence", "MeasureResult", "measure_divergence", "DEFAULT_SCENARIO"]
+__all__ = [
+    "StratumDivergence",
+    "OverallTV",
+    "MeasureResult",
+    "measure_divergence",
+    "measure_decoder_divergence",
+    "DEFAULT_SCENARIO",
+]
 
 #: Scenario measured when neither a scenario nor (target, drafter, k) is given.
 DEFAULT_SCENARIO = "pos8_uniform_k4"
@@ -59,6 +66,23 @@ class StratumDivergence:
     stratum: str
     estimate: DivergenceEstimate
     declared_tv: float | None = None
+
+
+@dataclass(frozen=True)
+class OverallTV:
+    """Mean TV per emitted token over absolute positions 1..L, with a simultaneous interval.
+
+    Each position's interval is computed at level ``1 - (1 - level)/L`` (Bonferroni), so
+    with probability at least ``level`` all L hold at once and the mean of their bounds
+    bounds the mean TV ``(1/L) sum_t TV_t``.
+    """
+
+    tv: float
+    tv_lower: float
+    tv_upper: float
+    declared_tv: float | None
+    positions: int
+    level: float
 
 
 @dataclass(frozen=True)
@@ -81,6 +105,7 @@ class MeasureResult:
     seconds: float
     conformance: tuple[TestResult, ...] = ()
     conformance_verdict: str | None = None
+    overall: OverallTV | None = None
 
     def to_dict(self) -> dict:
         return _jsonable(self)
@@ -106,6 +131,13 @@ class MeasureResult:
             lines.append(
                 f"{s.stratum:>9} {e.n:>7} {e.tv:>15.4f} [{e.tv_lower:.4f}, {e.tv_upper:.4f}] "
                 f"{declared:>11} {e.kl:>8.4f}{coarse}"
+            )
+        if self.overall is not None:
+            o = self.overall
+            declared = "" if o.declared_tv is None else f", declared {o.declared_tv:.4f}"
+            lines.append(
+                f"mean TV per token over {o.positions} positions {o.tv:.4f} "
+                f"[{o.tv_lower:.4f}, {o.tv_upper:.4f}] ({o.level:.0%} simultaneous){declared}"
             )
         if self.conformance_verdict is not None:
             lines.append(f"conformance to the declared law: {self.conformance_verdict}")
@@ -156,6 +188,29 @@ def _stratum(
         conformance.append(gof_test(counts, expected, scenario=scenario, position=name, name="declared_gof"))
         conformance.append(support_test(counts, expected, scenario=scenario, position=name, name="declared_support"))
     return StratumDivergence(name, estimate, declared_tv)
+
+
+def _overall(run: HarnessRun, rows: torch.Tensor, target: TableModel, level: float, by_position) -> OverallTV:
+    """Mean per-position TV over absolute positions, intervals at the Bonferroni level (see :class:`OverallTV`)."""
+    L = len(by_position)
+    inner = 1.0 - (1.0 - level) / L
+    bounds = []
+    for t in range(L):
+        tokens = run.tokens[rows, t]  # (R,)
+        pairs, ids = torch.unique(
+            torch.stack([run.target_contexts[rows, t], run.draft_contexts[rows, t]], 1), dim=0, return_inverse=True
+        )  # (C, 2), (R,)
+        e = divergence(tokens.numpy(), target.table[pairs[:, 0]].numpy(), contexts=ids.numpy(), level=inner)
+        bounds.append((e.tv_lower, e.tv_upper))
+    declared = [s.declared_tv for s in by_position]
+    return OverallTV(
+        tv=float(np.mean([s.estimate.tv for s in by_position])),
+        tv_lower=float(np.mean([b[0] for b in bounds])),
+        tv_upper=float(np.mean([b[1] for b in bounds])),
+        declared_tv=None if any(d is None for d in declared) else float(np.mean(declared)),
+        positions=L,
+        level=level,
+    )
 
 
 def _setup(scenario, target, drafter, k, tier, batch_size, length):
@@ -256,6 +311,7 @@ def measure_divergence(
                  declared_law, conformance, name)
         for t in range(L)
     ]  # fmt: skip
+    overall = _overall(run, all_rows, target, level, by_position)
     accepted = run.trial_accepted.to(torch.float64)  # (T,)
     acceptance = tuple(
         float(accepted[run.trial_positions == i].mean()) if bool((run.trial_positions == i).any()) else float("nan")
@@ -279,6 +335,104 @@ def measure_divergence(
         row_calls=row_calls,
         num_tokens=run.num_tokens,
         seconds=run.seconds,
+        conformance=tuple(graded),
+        conformance_verdict=verdict,
+        overall=overall,
+    )
+
+
+def measure_decoder_divergence(
+    decoder,
+    target,
+    *,
+    prompt: torch.Tensor,
+    num_samples: int,
+    max_new_tokens: int,
+    seed: int = 0,
+    level: float = 0.95,
+    draft=None,
+    declared_law: Callable | None = None,
+    alpha: float = 1e-3,
+    name: str = "decoder",
+    positions=None,
+) -> MeasureResult:
+    """Distance of a whole decoder's output from the target, per absolute position.
+
+    ``decoder.generate(prompt, num_samples=, max_new_tokens=, seed=)`` draws independent
+    continuations; ``target.conditionals(sequences (N, T+L), start=T) -> (N, L, V)`` (and
+    ``draft``'s, when given) are the exact teacher-forced laws.  Position t is one
+    stratum; its contexts are the distinct generated prefixes before it.  Rounds are not
+    observable from a decoder's output, so there are no in-block strata and no tokens
+    per pass; ``declared_law(target_rows, draft_rows)`` must be the law at *every*
+    measured position (e.g. the ensemble law ``w p + (1 - w) q`` at positions 1..K,
+    which are draft positions of some round whatever was accepted before -- provided
+    ``max_new_tokens >= K + 1``: HF caps a round's drafts at the tokens left minus one, so
+    the last position can be a capped round's bonus).
+
+    ``positions`` (1-based absolute positions, default all) selects the strata.
+
+    Returns
+    -------
+    MeasureResult
+        ``by_position`` only; ``k`` is ``decoder.k`` when it has one, else 0.
+    """
+    num_samples = check_int("num_samples", num_samples, minimum=2)
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=1)
+    seed = check_int("seed", seed, minimum=0)
+    if declared_law is not None and (draft is None or not callable(declared_law)):
+        raise InvalidArgument(f"declared_law needs a callable and a draft model, got {declared_law!r}, draft={draft!r}")
+    prompt = torch.as_tensor(prompt).long()  # (T,)
+    samples = decoder.generate(prompt, num_samples=num_samples, max_new_tokens=max_new_tokens, seed=seed)  # (N, L)
+    sequences = torch.cat([prompt[None].expand(num_samples, -1), samples.long().cpu()], 1)  # (N, T+L)
+    T = prompt.shape[0]
+    p_all = target.conditionals(sequences, T).cpu().double()  # (N, L, V)
+    q_all = None if draft is None else draft.conditionals(sequences, T).cpu().double()  # (N, L, V)
+    if positions is None:
+        positions = range(1, max_new_tokens + 1)
+    positions = [check_int("positions", t, minimum=1, maximum=max_new_tokens) for t in positions]
+    conformance: list[TestResult] = []
+    by_position = []
+    for t in (t - 1 for t in positions):
+        _, ids = (
+            torch.unique(samples[:, :t], dim=0, return_inverse=True) if t else (None, torch.zeros_like(samples[:, 0]))
+        )
+        first = torch.zeros(int(ids.max()) + 1, dtype=torch.long).scatter_(
+            0, ids.flip(0), torch.arange(num_samples).flip(0)
+        )
+        p_rows = p_all[first, t]  # (C, V) one row per context (the first sample holding it)
+        tokens = samples[:, t].numpy()  # (N,)
+        estimate = divergence(tokens, p_rows.numpy(), contexts=ids.numpy(), level=level)
+        declared_tv = None
+        if declared_law is not None and q_all is not None:
+            law = torch.as_tensor(declared_law(p_rows, q_all[first, t]), dtype=torch.float64)  # (C, V)
+            law = law / law.sum(-1, keepdim=True)
+            weights = torch.bincount(ids, minlength=law.shape[0]).to(torch.float64)  # (C,)
+            declared_tv = float((weights * 0.5 * (law - p_rows).abs().sum(-1)).sum() / num_samples)
+            counts = np.bincount(tokens, minlength=p_rows.shape[1])  # (V,)
+            expected = (weights[:, None] * law).sum(0).numpy()  # (V,)
+            position = f"abs={t + 1}"
+            conformance.append(gof_test(counts, expected, scenario=name, position=position, name="declared_gof"))
+            conformance.append(
+                support_test(counts, expected, scenario=name, position=position, name="declared_support")
+            )
+        by_position.append(StratumDivergence(f"abs={t + 1}", estimate, declared_tv))
+    graded, verdict = grade_run(conformance, [], alpha=alpha) if conformance else ((), None)
+    nan = float("nan")
+    return MeasureResult(
+        scenario=name,
+        k=int(getattr(decoder, "k", 0) or 0),
+        tier="decoder",
+        seed=seed,
+        level=level,
+        by_block=(),
+        by_position=tuple(by_position),
+        acceptance_by_block=(),
+        mean_accepted=nan,
+        tokens_per_pass=nan,
+        num_calls=num_samples,
+        row_calls=num_samples,
+        num_tokens=int(samples.numel()),
+        seconds=nan,
         conformance=tuple(graded),
         conformance_verdict=verdict,
     )
