@@ -230,3 +230,16 @@ def test_cli_tree_audit(tmp_path, capsys):
                  "--scenario", "markov8_topk_3x2", "--out", str(tmp_path / "ok")]) == 0  # fmt: skip
     assert main(["audit", "--verifier", "reference.rules:verify", "--mode", "topk", "--out", str(tmp_path / "x")]) == 2
     assert "--mode (tree-verifier audits)" in capsys.readouterr().err
+
+
+def test_top_tokens_equals_a_stable_descending_sort():
+    from specverify.verifier.tree.drafting import top_tokens
+
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        V = int(torch.randint(1, 40, (1,), generator=gen))
+        rows = torch.randint(0, 4, (7, V), generator=gen).double() / 4  # many ties
+        k = int(torch.randint(1, V + 1, (1,), generator=gen))
+        values, ids = top_tokens(rows, k)
+        ref = torch.sort(rows, dim=-1, descending=True, stable=True)
+        assert torch.equal(ids, ref.indices[:, :k]) and torch.equal(values, ref.values[:, :k]), (rows, k)

@@ -38,7 +38,7 @@ from specverify.core.errors import InvalidArgument
 from specverify.core.tables import TableModel
 from specverify.verifier.tree.protocol import MODES, PAD, ROOT
 
-__all__ = ["DraftedTrees", "TreeDrafting", "draft_trees"]
+__all__ = ["DraftedTrees", "TreeDrafting", "draft_trees", "top_tokens"]
 
 
 @dataclass(frozen=True)
@@ -126,14 +126,32 @@ class DraftedTrees:
     draft_contexts: torch.Tensor  # (b, N) long: drafter context after the node's path (0 at padding)
 
 
+def top_tokens(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest entries of each row (n, V), ties to the lower id, largest first: ``(values, ids)`` (n, k).
+
+    Equal to a stable descending sort's first k columns, without sorting V entries: the
+    k-th largest value t is found by ``topk``; every entry above t is taken, and the lowest
+    ids among the entries equal to t fill the rest.
+    """
+    n, V = rows.shape
+    threshold = torch.topk(rows, k, dim=-1).values[:, -1:]  # (n, 1) the k-th largest value
+    above = rows > threshold  # (n, V)
+    tied = rows == threshold  # (n, V)
+    room = k - above.sum(-1, keepdim=True)  # (n, 1) how many tied entries are taken
+    chosen = above | (tied & (tied.cumsum(-1) <= room))  # (n, V) exactly k per row, lowest tied ids
+    ids = chosen.nonzero()[:, 1].view(n, k)  # (n, k) in id order
+    values = rows.gather(1, ids)  # (n, k)
+    order = torch.sort(values, dim=-1, descending=True, stable=True).indices  # (n, k) ties keep id order
+    return values.gather(1, order), ids.gather(1, order)
+
+
 def _draw_children(rows: torch.Tensor, k: int, mode: str, generator: torch.Generator):
     """k children per row of ``rows`` (n, V) float64; ``(tokens (n, k), real (n, k) bool)``."""
     n, V = rows.shape
     if mode == "topk":
-        order = torch.sort(rows, dim=-1, descending=True, stable=True).indices  # (n, V) ties -> lower id
         if k > V:
             raise InvalidArgument(f"top-{k} children need k <= V = {V}")
-        return order[:, :k].contiguous(), torch.ones(n, k, dtype=torch.bool)
+        return top_tokens(rows, k)[1], torch.ones(n, k, dtype=torch.bool)  # (n, k) ties -> lower id
     if mode in ("iid", "any"):
         draws = sample(rows.repeat_interleave(k, 0), generator=generator, check=False)  # (n*k,)
         return draws.view(n, k), torch.ones(n, k, dtype=torch.bool)
@@ -191,10 +209,10 @@ def _dynamic_trees(target, drafter, spec: TreeDrafting, tctx, dctx) -> DraftedTr
     for d in range(depth):
         P = slot_t.shape[1]
         rows = drafter.table[slot_d.reshape(-1)]  # (b*P, V)
-        q_top, x_top = torch.sort(rows, dim=-1, descending=True, stable=True)  # (b*P, V)
         k = min(top_k, rows.shape[1])
-        x = x_top[:, :k].reshape(b, P * k)  # (b, P*k)
-        cum = slot_cum.repeat_interleave(k, 1) * q_top[:, :k].reshape(b, P * k)  # (b, P*k)
+        q_top, x_top = top_tokens(rows, k)  # (b*P, k)
+        x = x_top.reshape(b, P * k)  # (b, P*k)
+        cum = slot_cum.repeat_interleave(k, 1) * q_top.reshape(b, P * k)  # (b, P*k)
         cand_parent.append(slot_ids.repeat_interleave(k, 1))
         cand_tok.append(x)
         cand_t.append(target.next_context(slot_t.repeat_interleave(k, 1), x))
