@@ -20,7 +20,7 @@ from specverify.core.results import Report
 from specverify.report.html import render_html
 from specverify.report.markdown import render_markdown
 
-__all__ = ["write_report", "load_report", "atomic_write_text", "FILENAMES"]
+__all__ = ["FILENAMES", "atomic_write_text", "check_out_dir", "load_report", "write_report"]
 
 FILENAMES = {"json": "report.json", "markdown": "report.md", "html": "report.html"}
 
@@ -45,6 +45,17 @@ def atomic_write_text(path: Path, text: str) -> Path:
     return path
 
 
+def check_out_dir(out_dir) -> Path:
+    """``out_dir`` as a Path that is a directory or does not exist yet (InvalidArgument otherwise)."""
+    try:
+        out = Path(out_dir)
+    except TypeError:
+        raise InvalidArgument(f"out_dir must be a path, got {out_dir!r}") from None
+    if out.exists() and not out.is_dir():
+        raise InvalidArgument(f"out_dir {str(out)!r} exists and is not a directory")
+    return out
+
+
 def write_report(report: Report, out_dir, *, plots: bool = True) -> dict[str, Path]:
     """Write ``report.json``, ``report.md`` and ``report.html`` into ``out_dir`` (created if needed).
 
@@ -64,12 +75,7 @@ def write_report(report: Report, out_dir, *, plots: bool = True) -> dict[str, Pa
     """
     if not isinstance(report, Report):
         raise InvalidArgument(f"report must be a specverify.core.results.Report, got {type(report).__name__}")
-    try:
-        out = Path(out_dir)
-    except TypeError:
-        raise InvalidArgument(f"out_dir must be a path, got {out_dir!r}") from None
-    if out.exists() and not out.is_dir():
-        raise InvalidArgument(f"out_dir {str(out)!r} exists and is not a directory")
+    out = check_out_dir(out_dir)
     texts = {
         "json": report.to_json() + "\n",
         "markdown": render_markdown(report),

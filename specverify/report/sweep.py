@@ -21,7 +21,7 @@ from pathlib import Path
 
 from specverify.core.errors import InvalidArgument
 from specverify.report.html import CSS, esc, table
-from specverify.report.io import atomic_write_text
+from specverify.report.io import atomic_write_text, check_out_dir
 
 __all__ = ["render_sweep_markdown", "render_sweep_html", "render_sweep_plot", "write_sweep", "SWEEP_FILENAMES"]
 
@@ -188,12 +188,7 @@ def render_sweep_html(result, *, plots: bool = True) -> str:
 def write_sweep(result, out_dir, *, plots: bool = True) -> dict[str, Path]:
     """Write ``sweep.json``, ``sweep.md`` and ``sweep.html`` into ``out_dir`` atomically; returns their paths."""
     result = _check(result)
-    try:
-        out = Path(out_dir)
-    except TypeError:
-        raise InvalidArgument(f"out_dir must be a path, got {out_dir!r}") from None
-    if out.exists() and not out.is_dir():
-        raise InvalidArgument(f"out_dir {str(out)!r} exists and is not a directory")
+    out = check_out_dir(out_dir)
     texts = {
         "json": json.dumps(result.to_dict(), indent=1) + "\n",
         "markdown": render_sweep_markdown(result),
