@@ -44,6 +44,7 @@ import inspect
 import torch
 
 from reference.rules import check_verifier_inputs
+from specverify.adapters.runtime import torch_threads
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.validation import check_generator, check_int
 
@@ -106,20 +107,6 @@ def _inspect_kernel():
 
 
 _KERNEL, KERNEL_PARAMETERS, KERNEL_PROBLEM = _inspect_kernel()
-
-
-@contextlib.contextmanager
-def torch_threads(num_threads: int | None):
-    """Temporarily set torch's intra-op thread count (None: leave it alone)."""
-    if num_threads is None:
-        yield
-        return
-    old = torch.get_num_threads()
-    torch.set_num_threads(num_threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 @contextlib.contextmanager

@@ -45,13 +45,12 @@ raises :class:`ImportError` naming that line.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from reference.lossy import typical_declared_law
 from reference.rules import check_verifier_inputs
 from reference.sampling import sample
+from specverify.adapters.runtime import torch_threads
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.exact import typical_threshold
 from specverify.core.validation import check_generator, check_int
@@ -80,19 +79,6 @@ def _positive(name: str, value) -> float:
     if not 0.0 < v < float("inf"):
         raise InvalidArgument(f"{name} must be a positive number, got {value!r}")
     return v
-
-
-@contextlib.contextmanager
-def _threads(num_threads: int | None):
-    if num_threads is None:
-        yield
-        return
-    old = torch.get_num_threads()
-    torch.set_num_threads(num_threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 def greedy_declared_law(target_probs, draft_probs=None, *, posterior_threshold=0.09, posterior_alpha=0.3):
@@ -211,7 +197,7 @@ class MedusaTypicalVerifier:
         root = torch.zeros((B, 1), dtype=torch.long, device=device)  # (B, 1) never read by evaluate_posterior
         candidates = torch.cat([root, draft_tokens.long()], 1)  # (B, K+1)
         lengths = torch.empty(B, dtype=torch.long)  # (B,)
-        with _threads(self.num_threads), torch.no_grad():
+        with torch_threads(self.num_threads), torch.no_grad():
             for b in range(B):
                 lengths[b] = self._accept_length(b, logits[b : b + 1], candidates[b : b + 1], K)
         lengths = lengths.to(device)

@@ -54,6 +54,7 @@ import torch
 
 from reference.rules import check_verifier_inputs
 from reference.sampling import sample
+from specverify.adapters.runtime import torch_threads
 from specverify.adapters.vllm_layout import (
     engine_logits,
     expand_to_tokens,
@@ -226,11 +227,8 @@ class _VllmVerifier:
         ragged = to_ragged(*cpu, point_mass=self.draft_probs != "full")
         if ragged.draft_probs is not None:
             ragged = ragged._replace(draft_probs=ragged.draft_probs.to(torch.float32).contiguous())  # (B*K, V)
-        old_threads = torch.get_num_threads()
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), torch_threads(self.num_threads):
             torch.default_generator.manual_seed(seeds[0])
-            if self.num_threads is not None:
-                torch.set_num_threads(self.num_threads)
             try:
                 output = self._run(ragged, B, K, V, seeds[1:], generator)  # (B, K+1) int32
             except (InvalidArgument, ImplementationError):
@@ -240,8 +238,6 @@ class _VllmVerifier:
                     f"vLLM {self.vllm.version} {self.entry} raised (B={B}, K={K}, V={V}, {self._options()}): "
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
-            finally:
-                torch.set_num_threads(old_threads)
         if not isinstance(output, torch.Tensor) or tuple(output.shape) != (B, K + 1):
             shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
             raise ImplementationError(

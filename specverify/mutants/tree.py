@@ -177,6 +177,7 @@ def coin_walk(*, threshold_single: float = 1.0, threshold_acc: float = 1.0, less
 
         return _walk(target_probs, tokens, parents, step)
 
+    kernel.target_only = True  # type: ignore[attr-defined]  # a target-only rule: no draft law read
     return kernel
 
 

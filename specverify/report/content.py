@@ -24,6 +24,23 @@ GRADE_ORDER = {FAIL: 0, SUSPICIOUS: 1, PASS: 2}
 # ----------------------------------------------------------------------------- numbers
 
 
+#: Columns of the test table (HTML adds "method").
+RESULT_COLUMNS = [
+    "#",
+    "grade",
+    "family",
+    "test",
+    "scenario",
+    "position",
+    "N",
+    "statistic",
+    "p",
+    "adjusted p",
+    "alpha",
+    "detectable TV",
+]
+
+
 def num(value: Any) -> float | None:
     """``value`` as a float (``"nan"``/``"inf"`` strings included), or None if it is not a number."""
     if value is None or isinstance(value, bool):

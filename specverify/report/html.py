@@ -116,21 +116,7 @@ def _result_rows(results: Sequence[TestResult], start: int) -> tuple[list[list[s
     return rows, classes
 
 
-RESULT_HEADER = [
-    "#",
-    "grade",
-    "family",
-    "test",
-    "scenario",
-    "position",
-    "N",
-    "statistic",
-    "p",
-    "adjusted p",
-    "alpha",
-    "detectable TV",
-    "method",
-]
+RESULT_HEADER = [*c.RESULT_COLUMNS, "method"]
 RESULT_NUMERIC = "r.....rrrrrrm"
 
 

@@ -81,20 +81,7 @@ def result_row(i: int, r: TestResult) -> list[str]:
     ]
 
 
-RESULT_HEADER = [
-    "#",
-    "grade",
-    "family",
-    "test",
-    "scenario",
-    "position",
-    "N",
-    "statistic",
-    "p",
-    "adjusted p",
-    "alpha",
-    "detectable TV",
-]
+RESULT_HEADER = c.RESULT_COLUMNS
 RESULT_ALIGN = "rllllllrrrrr"
 
 

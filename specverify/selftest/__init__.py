@@ -114,7 +114,8 @@ def _tree_entries_as_chains() -> tuple:
     """Tree entries as chain verifiers (one path per tree), for the peers' chain tests.
 
     Sibling rules run as mode "iid" (SpecInfer on one child = the canonical chain rule),
-    SGLang's coin rules as mode "any" (sample-and-match); kinds map to verifier/equivalent.
+    target-only kernels (SGLang's coin rules, marked ``kernel.target_only``) as mode "any"
+    (sample-and-match); kinds map to verifier/equivalent.
     """
     import dataclasses
 
@@ -123,16 +124,10 @@ def _tree_entries_as_chains() -> tuple:
 
     out = []
     for e in mutants.entries(subject="tree"):
-        mode = "any" if e.requires == _topk_or_any() else "iid"
+        mode = "any" if getattr(getattr(e.fn, "kernel", None), "target_only", False) else "iid"
         kind = "verifier" if e.lossy else "equivalent"
         out.append(dataclasses.replace(e, kind=kind, fn=as_chain_verifier(e.fn, mode=mode), name=f"tree:{e.name}"))
     return tuple(out)
-
-
-def _topk_or_any() -> str:
-    from specverify.mutants.tree import TOPK_OR_ANY
-
-    return TOPK_OR_ANY
 
 
 def _peer_rows(entries, seed: int) -> tuple:

@@ -82,7 +82,8 @@ def environment() -> dict:
     }
 
 
-def _implementation_name(obj) -> str:
+def callable_name(obj) -> str:
+    """``module:qualname`` of a verify callable, for the report (its repr if it has none)."""
     module = getattr(obj, "__module__", None)
     name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
     return f"{module}:{name}" if module and name else repr(obj)
@@ -378,7 +379,7 @@ def check_verifier(
     cpu["total"] = time.process_time() - cpu_start
     return Report(
         kind="verifier",
-        implementation=implementation or _implementation_name(verify),
+        implementation=implementation or callable_name(verify),
         tier=tier,
         seed=seed,
         alpha=alpha,
@@ -456,7 +457,7 @@ def check_verifier_on(
     }
     return Report(
         kind="verifier",
-        implementation=_implementation_name(verify),
+        implementation=callable_name(verify),
         tier="custom",
         seed=seed,
         alpha=alpha,

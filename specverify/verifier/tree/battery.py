@@ -30,7 +30,7 @@ from specverify.core.devices import check_device, check_prob_dtype, device_extra
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.results import Report, TestResult, protocol_result
 from specverify.core.validation import check_run_options
-from specverify.verifier.battery import analyse_run, environment
+from specverify.verifier.battery import analyse_run, callable_name, environment
 from specverify.verifier.scenarios import TIERS, scenario_seed
 from specverify.verifier.tree.exact import round_law
 from specverify.verifier.tree.harness import TreeHarnessRun, run_tree_harness
@@ -233,10 +233,7 @@ def check_tree_verifier(
         progress(len(chosen), len(chosen), "")
     graded, verdict = stats.grade_run(results, errors, alpha=alpha)
     timings["total"] = time.perf_counter() - start
-    name = (
-        implementation
-        or f"{getattr(verify_tree, '__module__', '?')}:{getattr(verify_tree, '__qualname__', repr(verify_tree))}"
-    )
+    name = implementation or callable_name(verify_tree)
     return Report(
         kind="tree_verifier",
         implementation=name,

@@ -146,12 +146,12 @@ def run_tree_harness(
             N = trees.parents.shape[1]
             slot_t = torch.cat([group.tcur[:, None], trees.target_contexts], 1)  # (b, N+1)
             slot_d = torch.cat([group.dcur[:, None], trees.draft_contexts], 1)  # (b, N+1)
-            batch = TreeBatch(
-                target_probs=target.table32[slot_t],  # (b, N+1, V)
-                draft_probs=None if spec.mode == "any" else drafter.table32[slot_d],  # (b, N+1, V)
-                tokens=trees.tokens,
-                parents=trees.parents,
-                mode=spec.mode,
+            batch = TreeBatch.trusted(
+                target.table32[slot_t],  # (b, N+1, V)
+                None if spec.mode == "any" else drafter.table32[slot_d],  # (b, N+1, V)
+                trees.tokens,
+                trees.parents,
+                spec.mode,
             )
             if num_calls == 0 and determinism_rows > 0:
                 _check_determinism(verify_tree, batch, determinism_rows, seeds[2] % 2**63, move)
@@ -199,7 +199,7 @@ def _edge_coin_verifier(verify_tree):
 def _check_determinism(verify_tree, batch: TreeBatch, rows: int, seed: int, move=None) -> None:
     """Two calls with generators of one seed on the first rows must agree."""
     r = min(rows, batch.shape[0])
-    head = TreeBatch(
+    head = TreeBatch.trusted(
         batch.target_probs[:r],
         None if batch.draft_probs is None else batch.draft_probs[:r],
         batch.tokens[:r],
