@@ -143,8 +143,12 @@ def test_every_result_carries_n_and_power(reference_report):
     assert {"gof", "support", "directed", "acceptance", "independence", "protocol"} <= families
     for r in report.results:
         assert r.grade in ("pass", "suspicious", "fail") and r.alpha is not None, r
-        if r.family == "gof":
+        if r.family == "gof" and r.name == "sparse":  # power stated as the detectable point mass
+            assert r.n > 0 and r.details["mde_point_mass"] > 0, r
+        elif r.family == "gof":
             assert r.n > 0 and r.mde_tv is not None and r.mde_tv > 0, r
+    gof = [r for r in report.results if r.family == "gof"]
+    assert sum(r.name == "sparse" for r in gof) == sum(r.name == "gof" for r in gof)  # stats.gof_pair
 
 
 def test_report_json_roundtrip(reference_report):

@@ -70,7 +70,13 @@ def test_honest_zoo_drafters_pass(table, name):
     families = {r.family for r in report.results}
     assert {"consistency", "acceptance", "gof", "directed", "support", "protocol"} <= families, families
     names = {r.name for r in report.results if r.family == "consistency"}
-    assert names == {"consistency_gof", "consistency_pit", "consistency_support", "consistency_normalised"}
+    assert names == {
+        "consistency_gof",
+        "consistency_sparse",
+        "consistency_pit",
+        "consistency_support",
+        "consistency_normalised",
+    }
     assert any(r.scenario.startswith("pipeline:") for r in report.results)
 
 

@@ -215,7 +215,7 @@ def test_hf_generate_ensemble_conforms_at_draft_positions():
     hf = pytest.importorskip("specverify.adapters.hf")
     import torch
 
-    from specverify.verifier.measure import measure_decoder_divergence
+    from specverify.decoder.measure import measure_decoder_divergence
 
     decoder = hf.tiny_assisted_decoder(k=2, assistant_ensemble_weight=0.5, seed=0)
     target = decoder.target()
@@ -232,3 +232,49 @@ def test_hf_generate_ensemble_conforms_at_draft_positions():
     with pytest.raises(InvalidArgument, match="declared_law"):
         measure_decoder_divergence(decoder, target, prompt=torch.tensor([1]), num_samples=4, max_new_tokens=1,
                                    declared_law=lossy.ensemble(0.5).declared_law)  # fmt: skip
+
+
+def test_tree_measure_sees_a_lossy_tree_rule_and_not_the_reference():
+    """The reference tree rule measures 0 at every depth; the thresholds-below-one mutant (SGLang's lossy
+    thresholds, planted) has a positive lower bound at depths 1 and 2 and accepts more per pass."""
+    from reference.tree_rules import verify_tree
+    from specverify.mutants import by_name
+    from specverify.verifier.tree.measure import measure_tree_divergence
+
+    exact = measure_tree_divergence(verify_tree, scenario="markov8_topk_3x2", level=LEVEL)
+    lossy_rule = measure_tree_divergence(by_name("thresholds_below_one").fn, scenario="markov8_topk_3x2", level=LEVEL)
+    assert [s.stratum for s in exact.by_block] == ["depth=1", "depth=2", "depth=3"]
+    for s in _strata(exact):
+        assert s.estimate.tv_lower == 0.0 and not s.estimate.support_failure, s
+    assert all(lossy_rule.by_block[i].estimate.tv_lower > 0.1 for i in (0, 1))
+    assert lossy_rule.tokens_per_pass > exact.tokens_per_pass > 1.5
+    assert len(exact.acceptance_by_block) == 2 and exact.overall is not None
+
+
+def test_cli_measure_tree_verifier_and_decoder(tmp_path, capsys):
+    parser = _parser()
+    tree = parser.parse_args(
+        ["measure", "--tree-verifier", "reference.tree_rules:verify_tree", "--scenario", "markov8_iid_2x2",
+         "--out", str(tmp_path / "tree")]
+    )  # fmt: skip
+    assert measure_cli.run(tree) == 0
+    assert json.loads((tmp_path / "tree" / "measure.json").read_text())["by_block"][0]["stratum"] == "depth=1"
+    decoder = parser.parse_args(
+        ["measure", "--decoder", "specverify.cli.factories:reference_decoder", "--decoder-option", "top_k=5",
+         "--target", "specverify.cli.factories:reference_target", "--target-option", "top_k=5",
+         "--num-samples", "300", "--max-new-tokens", "2", "--positions", "1,2", "--json"]
+    )  # fmt: skip
+    capsys.readouterr()
+    assert measure_cli.run(decoder) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [s["stratum"] for s in data["by_position"]] == ["abs=1", "abs=2"]
+    assert all(s["estimate"]["tv_lower"] == 0.0 for s in data["by_position"])
+    for argv, message in (
+        (["--decoder", "specverify.cli.factories:reference_decoder"], "--target"),
+        (["--tree-verifier", "reference.tree_rules:verify_tree", "--declared-law", "x:y"], "--declared-law"),
+        (["--decoder", "specverify.cli.factories:reference_decoder", "--target",
+          "specverify.cli.factories:reference_target", "--prompt", "1,a"], "--prompt"),
+        (["--tree-verifier", "reference.tree_rules:verify_tree", "--sweep", "k=1,2"], "--sweep"),
+    ):  # fmt: skip
+        assert measure_cli.run(parser.parse_args(["measure", *argv])) == 2
+        assert message in capsys.readouterr().err

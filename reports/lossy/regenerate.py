@@ -100,7 +100,7 @@ def hf_ensemble_generate() -> int:
     from reference.lossy import ensemble_declared_law
     from specverify.adapters.hf import HFTarget, tiny_assisted_decoder
     from specverify.report.io import atomic_write_text
-    from specverify.verifier.measure import measure_decoder_divergence
+    from specverify.decoder.measure import measure_decoder_divergence
 
     out = HERE / "hf-ensemble-generate"
     out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""``specverify measure``: how far a (lossy) chain verifier is from the target, and what it buys.
+"""``specverify measure``: how far a (lossy) verifier or decoder is from the target, and what it buys.
 
 ::
 
@@ -8,6 +8,18 @@
                        [--out DIR] [--json]
     specverify measure --verifier PKG.MOD:FACTORY --sweep KEY=V1,V2,... [--draft-cost C]
                        [--declared-sweep-key NAME] [... as above]
+    specverify measure --tree-verifier PKG.MOD:NAME [--tree-verifier-option K=V ...] [--scenario TREE_SCENARIO]
+                       [--tier ...] [--seed N] [--level 0.95] [--out DIR] [--json]
+    specverify measure --decoder PKG.MOD:NAME [--decoder-option K=V ...] --target PKG.MOD:NAME
+                       [--target-option K=V ...] [--draft PKG.MOD:NAME [--draft-option K=V ...]]
+                       [--prompt 1,2,3] [--num-samples N] [--max-new-tokens L] [--positions 1,2]
+                       [--declared-law ... (needs --draft)] [--seed N] [--level 0.95] [--out DIR] [--json]
+
+A tree verifier is measured per in-round depth (``depth=j``) and absolute position over a tree
+scenario (:func:`specverify.verifier.tree.measure.measure_tree_divergence`); a decoder per
+absolute position of continuations of one prompt against the target's exact conditionals
+(:func:`specverify.decoder.measure.measure_decoder_divergence`; the draft model's
+conditionals are needed only for a declared law such as ``w p + (1 - w) q``).
 
 Prints per in-block and per absolute position the bias-corrected TV with its confidence
 interval, the declared law's exact TV (when there is one: ``--declared-law``, or the
@@ -52,9 +64,24 @@ def add_parser(subparsers):
     parser = subparsers.add_parser(
         "measure", help="measure a chain verifier's distance from the target (TV with confidence bounds, KL)"
     )
-    parser.add_argument("--verifier", metavar="PKG.MOD:NAME", required=True, help="verify callable or its factory")
-    parser.add_argument("--verifier-option", action="append", metavar="KEY=VALUE", default=[])
-    parser.add_argument("--scenario", metavar="NAME", default=None, help="battery scenario (default pos8_uniform_k4)")
+    subject = parser.add_mutually_exclusive_group(required=True)
+    subject.add_argument("--verifier", metavar="PKG.MOD:NAME", help="verify callable or its factory")
+    subject.add_argument("--tree-verifier", metavar="PKG.MOD:NAME", help="verify_tree callable or its factory")
+    subject.add_argument("--decoder", metavar="PKG.MOD:NAME", help="decoder (generate) or its factory")
+    for role in ("verifier", "tree-verifier", "decoder", "target", "draft"):
+        parser.add_argument(f"--{role}-option", action="append", metavar="KEY=VALUE", default=[])
+    parser.add_argument("--target", metavar="PKG.MOD:NAME", help="decoder measurement: the target (exact conditionals)")
+    parser.add_argument(
+        "--draft", metavar="PKG.MOD:NAME", help="decoder measurement: the draft model, for a declared law"
+    )
+    parser.add_argument("--prompt", default="1,2,3", help="decoder measurement: prompt token ids (default 1,2,3)")
+    parser.add_argument("--num-samples", type=int, default=2000, help="decoder measurement: continuations (2000)")
+    parser.add_argument("--max-new-tokens", type=int, default=4, help="decoder measurement: tokens each (4)")
+    parser.add_argument("--positions", default=None, help="decoder measurement: positions measured, e.g. 1,2 (all)")
+    parser.add_argument(
+        "--scenario", metavar="NAME", default=None,
+        help="battery scenario (default pos8_uniform_k4; tree: markov8_topk_3x2)",
+    )  # fmt: skip
     parser.add_argument("--tier", choices=("smoke", "standard", "deep"), default="smoke")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--level", type=float, default=0.95, help="level of each TV interval (default 0.95)")
@@ -207,27 +234,84 @@ def build_verify(spec: str, options):
 
 def run(args) -> int:
     """Run ``specverify measure`` for parsed ``args``; returns the exit status."""
-    from specverify.report.io import atomic_write_text
-    from specverify.verifier.measure import measure_divergence
 
     if getattr(args, "sweep", None):
+        if not args.verifier:
+            print("specverify: error: --sweep measures a --verifier factory", file=sys.stderr)
+            return EXIT_USAGE
         return run_sweep(args)
+    if args.tree_verifier or args.decoder:
+        return _report(args, _measure_other)
+    return _report(args, _measure_verifier)
+
+
+def _token_list(text: str, argument: str) -> list[int]:
     try:
-        verify = build_verify(args.verifier, parse_options(args.verifier_option, argument="--verifier-option"))
-        declared = getattr(verify, "declared_law", None)
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise InvalidArgument(f"{argument} must be comma-separated integers, got {text!r}") from None
+    return values
+
+
+def _measure_other(args):
+    """A tree verifier's or a decoder's :class:`~specverify.verifier.measure.MeasureResult`."""
+    from specverify.cli.audit import build, build_verifier
+
+    if args.tree_verifier:
+        from specverify.verifier.tree.measure import measure_tree_divergence
+
         if args.declared_law:
-            declared = load_object(args.declared_law, argument="--declared-law")
-            options = parse_options(args.declared_option, argument="--declared-option")
-            declared = functools.partial(declared, **options) if options else declared
-        result = measure_divergence(
-            verify,
-            scenario=args.scenario,
-            tier=args.tier,
-            seed=args.seed,
-            level=args.level,
-            declared_law=declared,
-            alpha=args.alpha,
+            raise InvalidArgument("--declared-law applies to chain verifiers and decoders, not to --tree-verifier")
+        options = parse_options(args.tree_verifier_option, argument="--tree-verifier-option")
+        verify_tree = build_verifier(args.tree_verifier, options, role="tree_verifier")
+        return measure_tree_divergence(
+            verify_tree, scenario=args.scenario, tier=args.tier, seed=args.seed, level=args.level
         )
+    from specverify.decoder.measure import measure_decoder_divergence
+
+    if not args.target:
+        raise InvalidArgument("--decoder needs --target PKG.MOD:NAME (the exact conditionals)")
+    decoder = build(args.decoder, "decoder", parse_options(args.decoder_option, argument="--decoder-option"))
+    target = build(args.target, "target", parse_options(args.target_option, argument="--target-option"))
+    draft = None
+    if args.draft:
+        draft = build(args.draft, "target", parse_options(args.draft_option, argument="--draft-option"))
+    declared = _declared(args)
+    law = None if declared is None else functools.partial(declared[0], **declared[1])
+    positions = None if args.positions is None else _token_list(args.positions, "--positions")
+    return measure_decoder_divergence(
+        decoder, target, draft=draft, prompt=_token_list(args.prompt, "--prompt"), num_samples=args.num_samples,
+        max_new_tokens=args.max_new_tokens, seed=args.seed, level=args.level, declared_law=law, alpha=args.alpha,
+        name=args.decoder, positions=positions,
+    )  # fmt: skip
+
+
+def _measure_verifier(args):
+    from specverify.verifier.measure import measure_divergence
+
+    verify = build_verify(args.verifier, parse_options(args.verifier_option, argument="--verifier-option"))
+    declared = getattr(verify, "declared_law", None)
+    if args.declared_law:
+        declared = load_object(args.declared_law, argument="--declared-law")
+        options = parse_options(args.declared_option, argument="--declared-option")
+        declared = functools.partial(declared, **options) if options else declared
+    return measure_divergence(
+        verify,
+        scenario=args.scenario,
+        tier=args.tier,
+        seed=args.seed,
+        level=args.level,
+        declared_law=declared,
+        alpha=args.alpha,
+    )
+
+
+def _report(args, measure) -> int:
+    """Measure, print the table (or JSON), write ``--out``; the exit status."""
+    from specverify.report.io import atomic_write_text
+
+    try:
+        result = measure(args)
     except SpecVerifyError as error:
         print(f"specverify: error: {error}", file=sys.stderr)
         return EXIT_USAGE

@@ -163,7 +163,7 @@ def analyse_exact(
     # ---- per position
     for j in range(L):
         counts = np.bincount(tokens_np[:, j], minlength=V)
-        res.append(stats.gof_test(counts, expected[j].numpy(), alpha=plan.alpha, position=f"abs={j + 1}", **labels))
+        res += stats.gof_pair(counts, expected[j].numpy(), alpha=plan.alpha, position=f"abs={j + 1}", **labels)
     # ---- per prefix node
     used = 0
     for i, (visits, d, node, first_row) in enumerate(candidates):
@@ -175,10 +175,11 @@ def analyse_exact(
         visitors = (ids[:, d] == node).numpy()
         counts = np.bincount(tokens_np[visitors, d], minlength=V)
         prefix = tokens_np[first_row, :d].tolist()
-        result = stats.gof_test(
+        pair = stats.gof_pair(
             counts, row.numpy(), alpha=plan.alpha, position=f"node=d{d}:{','.join(map(str, prefix))}", **labels
         )
-        res.append(result.replace(details={**result.details, "node_prefix": prefix, "node_depth": d, "visits": visits}))
+        node = {"node_prefix": prefix, "node_depth": d, "visits": visits}
+        res += [result.replace(details={**result.details, **node}) for result in pair]
         used += 1
     # ---- directed, every token
     pit = stats.pit_test(np.concatenate(pit_values), alpha=plan.alpha, name="pit_p", position="all", **labels)

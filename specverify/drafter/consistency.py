@@ -183,12 +183,9 @@ def analyse_consistency(
         x = tokens[:, i]  # (N,)
         counts = torch.bincount(x, minlength=V).numpy()
         expected = rows[:, i].sum(0).numpy()  # (V,) sum of the reported rows
-        gof = stats.gof_test(counts, expected, alpha=alpha, name="consistency_gof", **label)
-        results.append(
-            gof.replace(
-                method=gof.method + "; expected = sum of the reported rows (conservative past draft position 1)"
-            )
-        )
+        pooled = "; expected = sum of the reported rows (conservative past draft position 1)"
+        for res in stats.gof_pair(counts, expected, alpha=alpha, name="consistency_gof", **label):
+            results.append(res.replace(method=res.method + pooled))
         pit = stats.randomised_pit(rows[:, i].numpy(), x.numpy(), generator=pit_generator, order="p")
         results.append(stats.pit_test(pit, alpha=alpha, name="consistency_pit", **label))
     return results

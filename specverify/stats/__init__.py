@@ -3,7 +3,7 @@ acceptance and independence tests, power statements, the run's error budget and
 anytime-valid e-processes.  Every test returns a :class:`specverify.core.results.TestResult`.
 
 Modules: :mod:`.binning` (bins fixed from p and N), :mod:`.gof` (Cressie-Read GOF,
-support), :mod:`.twosample`, :mod:`.directed` (PIT, scores, acceptance),
+support), :mod:`.sparse` (the most extreme token; ``gof_pair`` runs both), :mod:`.twosample`, :mod:`.directed` (PIT, scores, acceptance),
 :mod:`.independence` (collisions), :mod:`.power` (detectable TV), :mod:`.budget`
 (weighted Holm, grades), :mod:`.eprocess`.  See design.md, "Statistical design".
 """
@@ -16,6 +16,7 @@ from .eprocess import DEFAULT_LOG10_C, CategoricalEProcess, sequential_gof
 from .gof import gof_test, support_test
 from .independence import collision_moments, collision_test
 from .power import min_detectable_tv, noncentrality_needed, samples_needed
+from .sparse import gof_pair, sparse_test
 from .twosample import two_sample_test
 
 __all__ = [
@@ -25,6 +26,8 @@ __all__ = [
     "p_order",
     "gof_test",
     "support_test",
+    "gof_pair",
+    "sparse_test",
     "two_sample_test",
     "randomised_pit",
     "pit_test",

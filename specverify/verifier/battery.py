@@ -117,7 +117,7 @@ def analyse_run(
     marg_tok = marg_ctx @ table  # (L, V)
     for t in range(L):
         counts = np.bincount(tokens[:, t], minlength=V)
-        results.append(stats.gof_test(counts, marg_tok[t], position=f"abs={t}", **common))
+        results += stats.gof_pair(counts, marg_tok[t], position=f"abs={t}", **common)
 
     # GOF per in-block position: expected = sum of the exact conditionals of the stratum
     for j in range(1, K + 2):
@@ -126,7 +126,7 @@ def analyse_run(
             continue
         counts = np.bincount(flat_tok[bpos.reshape(-1) == j], minlength=V)
         expected = np.bincount(sel, minlength=C) @ table  # (V,) expected counts
-        results.append(stats.gof_test(counts, expected, position=f"block={j}", **common))
+        results += stats.gof_pair(counts, expected, position=f"block={j}", **common)
 
     # GOF per context node (context-dependent targets only)
     if not target.token_independent:
@@ -138,10 +138,11 @@ def analyse_run(
         for c in nodes:
             m = int(0.9 * visits[c])
             toks = order_tok[order_ctx == c][:m]
-            res = stats.gof_test(
+            pair = stats.gof_pair(
                 np.bincount(toks, minlength=V), table[c], position=f"node={_node_label(target, c)}", **common
             )
-            results.append(res.replace(details={**res.details, "context": c, "expected_visits": float(visits[c])}))
+            node = {"context": c, "expected_visits": float(visits[c])}
+            results += [res.replace(details={**res.details, **node}) for res in pair]
 
     results += _directed(run, target, drafter, common=common, seed=seed)
 

@@ -42,7 +42,8 @@ from specverify.core.tables import TableModel
 from specverify.core.validation import check_int
 from specverify.stats.budget import grade_run
 from specverify.stats.divergence import DivergenceEstimate, divergence
-from specverify.stats.gof import gof_test, support_test
+from specverify.stats.gof import support_test
+from specverify.stats.sparse import gof_pair
 from specverify.verifier.harness import HarnessRun, run_harness
 from specverify.verifier.scenarios import TIERS, Scenario, get_scenarios, scenario_seed
 
@@ -51,7 +52,7 @@ __all__ = [
     "OverallTV",
     "MeasureResult",
     "measure_divergence",
-    "measure_decoder_divergence",
+    "measure_run",
     "DEFAULT_SCENARIO",
 ]
 
@@ -185,7 +186,7 @@ def _stratum(
         declared_tv = float((weights * tv_c).sum() / weights.sum())
         counts = np.bincount(tokens.numpy(), minlength=target.vocab_size)  # (V,)
         expected = (weights[:, None] * law).sum(0).numpy()  # (V,) sum of per-sample declared laws
-        conformance.append(gof_test(counts, expected, scenario=scenario, position=name, name="declared_gof"))
+        conformance += gof_pair(counts, expected, scenario=scenario, position=name, name="declared_gof")
         conformance.append(support_test(counts, expected, scenario=scenario, position=name, name="declared_support"))
     return StratumDivergence(name, estimate, declared_tv)
 
@@ -298,18 +299,49 @@ def measure_divergence(
     name, target, drafter, K, B, L, groups = _setup(scenario, target, drafter, k, tier, batch_size, length)
     generator = torch.Generator().manual_seed(scenario_seed(seed, name))
     run = run_harness(verify, target, drafter, k=K, batch_size=B, length=L, generator=generator, num_groups=groups)
+    row_calls = int((run.trial_positions == 1).sum())  # every (row, call) judges its first draft
+    mean_accepted = float(run.trial_accepted.to(torch.float64).sum()) / max(row_calls, 1)
+    return measure_run(
+        run, target, drafter, name=name, tier=tier, seed=seed, level=level, declared_law=declared_law, alpha=alpha,
+        mean_accepted=mean_accepted, row_calls=row_calls,
+    )  # fmt: skip
+
+
+def measure_run(
+    run: HarnessRun,
+    target: TableModel,
+    drafter: TableModel,
+    *,
+    name: str,
+    tier: str,
+    seed: int,
+    level: float,
+    declared_law: Callable | None,
+    alpha: float,
+    mean_accepted: float,
+    row_calls: int,
+    stratum: str = "block",
+) -> MeasureResult:
+    """The :class:`MeasureResult` of a finished harness run (chain, or tree with ``stratum="depth"``).
+
+    Strata ``"<stratum>=i"`` for every in-round position i (first token per row, see the
+    module docstring) and ``"abs=t"`` for every absolute position; acceptance per in-round
+    position from the run's trials; ``mean_accepted`` drafts per verifier row and
+    ``row_calls`` (verifier rows) come from the caller, which knows how rounds are counted.
+    """
+    K = run.k
     conformance: list[TestResult] = []
     by_block = []
     for i in range(1, K + 2):
         rows, cols = _first_per_row(run.block_positions == i)
         if rows.numel() >= 2:
             args = (target, drafter, level, declared_law, conformance, name)
-            by_block.append(_stratum(f"block={i}", run, rows, cols, *args))
+            by_block.append(_stratum(f"{stratum}={i}", run, rows, cols, *args))
     all_rows = torch.arange(run.tokens.shape[0])  # (R,)
     by_position = [
         _stratum(f"abs={t + 1}", run, all_rows, torch.full_like(all_rows, t), target, drafter, level,
                  declared_law, conformance, name)
-        for t in range(L)
+        for t in range(run.length)
     ]  # fmt: skip
     overall = _overall(run, all_rows, target, level, by_position)
     accepted = run.trial_accepted.to(torch.float64)  # (T,)
@@ -317,8 +349,6 @@ def measure_divergence(
         float(accepted[run.trial_positions == i].mean()) if bool((run.trial_positions == i).any()) else float("nan")
         for i in range(1, K + 1)
     )
-    row_calls = int((run.trial_positions == 1).sum())  # every (row, call) judges its first draft
-    mean_accepted = float(accepted.sum()) / max(row_calls, 1)
     graded, verdict = grade_run(conformance, [], alpha=alpha) if conformance else ((), None)
     return MeasureResult(
         scenario=name,
@@ -338,101 +368,4 @@ def measure_divergence(
         conformance=tuple(graded),
         conformance_verdict=verdict,
         overall=overall,
-    )
-
-
-def measure_decoder_divergence(
-    decoder,
-    target,
-    *,
-    prompt: torch.Tensor,
-    num_samples: int,
-    max_new_tokens: int,
-    seed: int = 0,
-    level: float = 0.95,
-    draft=None,
-    declared_law: Callable | None = None,
-    alpha: float = 1e-3,
-    name: str = "decoder",
-    positions=None,
-) -> MeasureResult:
-    """Distance of a whole decoder's output from the target, per absolute position.
-
-    ``decoder.generate(prompt, num_samples=, max_new_tokens=, seed=)`` draws independent
-    continuations; ``target.conditionals(sequences (N, T+L), start=T) -> (N, L, V)`` (and
-    ``draft``'s, when given) are the exact teacher-forced laws.  Position t is one
-    stratum; its contexts are the distinct generated prefixes before it.  Rounds are not
-    observable from a decoder's output, so there are no in-block strata and no tokens
-    per pass; ``declared_law(target_rows, draft_rows)`` must be the law at *every*
-    measured position (e.g. the ensemble law ``w p + (1 - w) q`` at positions 1..K,
-    which are draft positions of some round whatever was accepted before -- provided
-    ``max_new_tokens >= K + 1``: HF caps a round's drafts at the tokens left minus one, so
-    the last position can be a capped round's bonus).
-
-    ``positions`` (1-based absolute positions, default all) selects the strata.
-
-    Returns
-    -------
-    MeasureResult
-        ``by_position`` only; ``k`` is ``decoder.k`` when it has one, else 0.
-    """
-    num_samples = check_int("num_samples", num_samples, minimum=2)
-    max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=1)
-    seed = check_int("seed", seed, minimum=0)
-    if declared_law is not None and (draft is None or not callable(declared_law)):
-        raise InvalidArgument(f"declared_law needs a callable and a draft model, got {declared_law!r}, draft={draft!r}")
-    prompt = torch.as_tensor(prompt).long()  # (T,)
-    samples = decoder.generate(prompt, num_samples=num_samples, max_new_tokens=max_new_tokens, seed=seed)  # (N, L)
-    sequences = torch.cat([prompt[None].expand(num_samples, -1), samples.long().cpu()], 1)  # (N, T+L)
-    T = prompt.shape[0]
-    p_all = target.conditionals(sequences, T).cpu().double()  # (N, L, V)
-    q_all = None if draft is None else draft.conditionals(sequences, T).cpu().double()  # (N, L, V)
-    if positions is None:
-        positions = range(1, max_new_tokens + 1)
-    positions = [check_int("positions", t, minimum=1, maximum=max_new_tokens) for t in positions]
-    conformance: list[TestResult] = []
-    by_position = []
-    for t in (t - 1 for t in positions):
-        _, ids = (
-            torch.unique(samples[:, :t], dim=0, return_inverse=True) if t else (None, torch.zeros_like(samples[:, 0]))
-        )
-        first = torch.zeros(int(ids.max()) + 1, dtype=torch.long).scatter_(
-            0, ids.flip(0), torch.arange(num_samples).flip(0)
-        )
-        p_rows = p_all[first, t]  # (C, V) one row per context (the first sample holding it)
-        tokens = samples[:, t].numpy()  # (N,)
-        estimate = divergence(tokens, p_rows.numpy(), contexts=ids.numpy(), level=level)
-        declared_tv = None
-        if declared_law is not None and q_all is not None:
-            law = torch.as_tensor(declared_law(p_rows, q_all[first, t]), dtype=torch.float64)  # (C, V)
-            law = law / law.sum(-1, keepdim=True)
-            weights = torch.bincount(ids, minlength=law.shape[0]).to(torch.float64)  # (C,)
-            declared_tv = float((weights * 0.5 * (law - p_rows).abs().sum(-1)).sum() / num_samples)
-            counts = np.bincount(tokens, minlength=p_rows.shape[1])  # (V,)
-            expected = (weights[:, None] * law).sum(0).numpy()  # (V,)
-            position = f"abs={t + 1}"
-            conformance.append(gof_test(counts, expected, scenario=name, position=position, name="declared_gof"))
-            conformance.append(
-                support_test(counts, expected, scenario=name, position=position, name="declared_support")
-            )
-        by_position.append(StratumDivergence(f"abs={t + 1}", estimate, declared_tv))
-    graded, verdict = grade_run(conformance, [], alpha=alpha) if conformance else ((), None)
-    nan = float("nan")
-    return MeasureResult(
-        scenario=name,
-        k=int(getattr(decoder, "k", 0) or 0),
-        tier="decoder",
-        seed=seed,
-        level=level,
-        by_block=(),
-        by_position=tuple(by_position),
-        acceptance_by_block=(),
-        mean_accepted=nan,
-        tokens_per_pass=nan,
-        num_calls=num_samples,
-        row_calls=num_samples,
-        num_tokens=int(samples.numel()),
-        seconds=nan,
-        conformance=tuple(graded),
-        conformance_verdict=verdict,
     )
