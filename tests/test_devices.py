@@ -50,20 +50,20 @@ def test_invalid_device_names_the_argument(fn, kwargs):
         getattr(sv, fn)(impl, dtype="int8", **kwargs)
 
 
-def test_cpu_is_bit_identical_to_before_device_support():
+def test_cpu_is_bit_identical_to_the_recorded_run():
     """Every test of the reference verifier's smoke run at seed 0 (statistic and p-value) equals the
-    results recorded before device=/dtype= existed (tests/data/reference_smoke_seed0.json, git 5ddb507).
-
-    The sparse tests were added later, one next to each goodness-of-fit test on the same counts
-    (``stats.gof_pair``); they are compared by count, the 358 recorded tests value by value."""
+    recorded results (tests/data/reference_smoke_seed0.json), with device="cpu" and dtype="float32"
+    given explicitly: the device code path on the CPU changes nothing, and neither may later work on
+    the harness.  The file was re-recorded once, when the sparse tests joined the batteries and
+    the groups of rows got their own seeds (sharding, specverify.shard); before that it held the
+    358 results recorded before device=/dtype= existed, which the runs matched to the bit."""
     golden = json.loads(GOLDEN.read_text())["results"]
     report = sv.check_verifier(verify, tier="smoke", seed=0, device="cpu", dtype="float32")
     now = json.loads(report.to_json()) if isinstance(report.to_json(), str) else report.to_json()
-    got = [{"name": t["name"], "statistic": t["statistic"], "pvalue": t["pvalue"]} for t in now["results"]]
-    want = [{"name": t["name"], "statistic": t["statistic"], "pvalue": t["pvalue"]} for t in golden]
-    sparse = [t for t in got if t["name"] == "sparse"]
-    assert len(want) == 358 and len(sparse) == sum(t["name"] == "gof" for t in want)
-    assert [t for t in got if t["name"] != "sparse"] == want
+    keys = ("family", "name", "scenario", "position", "n", "statistic", "pvalue")
+    got = [{k: t[k] for k in keys} for t in now["results"]]
+    assert len(got) == len(golden) > 500
+    assert got == golden
     assert "device" not in now["extra"] and "device" not in report.command
 
 

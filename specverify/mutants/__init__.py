@@ -115,7 +115,24 @@ def _build() -> tuple[CatalogueEntry, ...]:
     duplicated = sorted({n for n in names if names.count(n) > 1})
     if duplicated:
         raise RuntimeError(f"duplicate catalogue names: {duplicated}")
+    _importable(entries_)
     return entries_
+
+
+def _importable(entries_) -> None:
+    """Make each generated entry function its module's attribute under its qualname.
+
+    Then it pickles by reference, as sharded runs need (:mod:`specverify.shard`: a worker
+    process gets the implementation by name).
+    """
+    import sys
+
+    for entry in entries_:
+        fn = entry.fn
+        module = sys.modules.get(getattr(fn, "__module__", "") or "")
+        qualname = getattr(fn, "__qualname__", "")
+        if module is not None and qualname.isidentifier() and not hasattr(module, qualname):
+            setattr(module, qualname, fn)
 
 
 CATALOGUE: tuple[CatalogueEntry, ...] = _build()

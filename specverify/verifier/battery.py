@@ -46,6 +46,8 @@ from specverify.core.repro import python_repro
 from specverify.core.results import FAIL, Report, TestResult, protocol_result
 from specverify.core.tables import TableModel
 from specverify.core.validation import check_alpha, check_int, check_run_options
+from specverify.shard.collect import Parallel, collect_runs, run_battery
+from specverify.shard.work import Job
 from specverify.verifier.harness import HarnessRun, run_harness
 from specverify.verifier.scenarios import TIERS, Scenario, get_scenarios, scenario_seed
 
@@ -225,19 +227,26 @@ def _drive(verify, scenario: Scenario, target, drafter, *, tier: str, seed: int,
     )
 
 
+def scenario_results(scenario: str, run: HarnessRun | None, error: str | None, target, drafter, *, alpha, seed):
+    """The protocol result and every test of one scenario's (merged) run: ``(results, errors)``."""
+    if run is None:
+        return [_protocol_result(scenario, False, 0, error or "")], [error or f"{scenario}: no run"]
+    results = [_protocol_result(scenario, True, run.num_calls)]
+    return results + analyse_run(run, target, drafter, scenario=scenario, alpha=alpha, seed=seed), []
+
+
 def run_scenario(verify, scenario: Scenario, *, tier: str, seed: int, alpha: float, device=None, dtype=None):
-    """Run one scenario: ``(results, errors, seconds)``."""
+    """Run one scenario in this process: ``(results, errors, seconds)``.
+
+    Its groups are seeded from (seed, scenario, group) as in every sharded run
+    (:mod:`specverify.shard`), so this is the scenario's part of :func:`check_verifier`.
+    """
     start = time.perf_counter()
+    collected = collect_runs(Job("verifier", verify, tier, seed, device, dtype), [scenario], tier=tier)
     target, drafter = scenario.build()
-    try:
-        run = _drive(verify, scenario, target, drafter, tier=tier, seed=seed, device=device, dtype=dtype)
-    except ImplementationError as exc:
-        row = f" (row {exc.row})" if exc.row is not None else ""
-        message = f"{scenario.name}: {exc}{'' if str(exc).startswith('row') else row}"
-        return [_protocol_result(scenario.name, False, 0, message)], [message], time.perf_counter() - start
-    results = [_protocol_result(scenario.name, True, run.num_calls)]
-    results += analyse_run(run, target, drafter, scenario=scenario.name, alpha=alpha, seed=seed)
-    return results, [], time.perf_counter() - start
+    run, error = collected.runs.get(scenario.name), collected.errors.get(scenario.name)
+    results, errors = scenario_results(scenario.name, run, error, target, drafter, alpha=alpha, seed=seed)
+    return results, errors, time.perf_counter() - start
 
 
 def _run_greedy_scenario(verify, scenario: Scenario, *, tier: str, seed: int, device=None, dtype=None):
@@ -311,6 +320,11 @@ def check_verifier(
     implementation: str | None = None,
     device=None,
     dtype=None,
+    workers: int = 1,
+    backend: str | None = None,
+    shards: int | None = None,
+    ray_address: str | None = None,
+    until_decisive: bool = False,
 ) -> Report:
     """Statistically audit a speculative-sampling verifier; return a :class:`~specverify.core.results.Report`.
 
@@ -344,6 +358,17 @@ def check_verifier(
         float16.  The exact law stays the float64 tables: rounding to bfloat16 moves a row
         by at most its unit roundoff (TV <= 2^-9), below the smoke and standard tiers'
         detectable TV; a deep-tier failure in bfloat16 alone can be that rounding.
+    workers, backend, shards, ray_address : optional
+        Run the sampling scenarios as shards (:mod:`specverify.shard`): ``workers`` local
+        processes (``backend="processes"``, the default for workers > 1) or Ray tasks
+        (``backend="ray"``; a local Ray instance of ``workers`` CPUs unless ``ray_address``
+        names a cluster), ``shards`` pieces (default 4 per worker).  The statistics and the
+        verdict are the same for every choice: each group of rows is seeded from (seed,
+        scenario, group).  A lost worker's shard is retried (``report.extra["sharding"]``).
+    until_decisive : bool
+        Anytime stopping (:mod:`specverify.shard.anytime`): e-processes get 10% of alpha and
+        the run stops at the first decisive one (``report.extra["anytime"]`` says how many
+        samples it used); otherwise the battery is graded at 90% of alpha.
 
     Returns
     -------
@@ -356,25 +381,45 @@ def check_verifier(
     seed, alpha = check_run_options(tier, TIERS, seed, alpha, progress)
     dev, prob_dtype = check_device("device", device), check_prob_dtype("dtype", dtype)
     chosen = get_scenarios(scenarios, greedy=greedy)
+    parallel = Parallel(workers, backend, shards, ray_address, until_decisive=until_decisive)
+    if greedy and not parallel.default:
+        raise InvalidArgument(
+            "greedy audits run in this process: workers, backend, shards and until_decisive do not apply"
+        )
     start, cpu_start = time.perf_counter(), time.process_time()
-    results, errors, timings, cpu = [], [], {}, {}
-    for i, scenario in enumerate(chosen):
-        if progress is not None:
-            progress(i, len(chosen), scenario.name)
-        cpu_scenario = time.process_time()
-        if greedy:
+    results, errors, timings, cpu, extra = [], [], {}, {}, {}
+    if greedy:
+        for i, scenario in enumerate(chosen):
+            if progress is not None:
+                progress(i, len(chosen), scenario.name)
+            cpu_scenario = time.process_time()
             res, errs, secs = _run_greedy_scenario(verify, scenario, tier=tier, seed=seed, device=dev, dtype=prob_dtype)
-        else:
-            res, errs, secs = run_scenario(
-                verify, scenario, tier=tier, seed=seed, alpha=alpha, device=dev, dtype=prob_dtype
-            )
-        results += res
-        errors += errs
-        timings[scenario.name] = secs
-        cpu[scenario.name] = time.process_time() - cpu_scenario
+            results += res
+            errors += errs
+            timings[scenario.name] = secs
+            cpu[scenario.name] = time.process_time() - cpu_scenario
+        graded = stats.grade(results, alpha=alpha)
+    else:
+
+        def analyse(scenario, run, error):
+            target, drafter = scenario.build()
+            return scenario_results(scenario.name, run, error, target, drafter, alpha=alpha, seed=seed)
+
+        if progress is not None:
+            progress(0, len(chosen), chosen[0].name)
+        job = Job("verifier", verify, tier, seed, dev, prob_dtype)
+        outcome = run_battery(
+            job, chosen, tier=tier, alpha=alpha, parallel=parallel, progress=progress, analyse=analyse
+        )
+        graded, errors, timings, cpu, extra = (
+            outcome.results,
+            outcome.errors,
+            outcome.timings,
+            outcome.cpu_seconds,
+            outcome.extra,
+        )
     if progress is not None:
         progress(len(chosen), len(chosen), "")
-    graded = stats.grade(results, alpha=alpha)
     verdict = FAIL if errors else stats.verdict(graded)
     timings["total"] = time.perf_counter() - start
     cpu["total"] = time.process_time() - cpu_start
@@ -390,7 +435,12 @@ def check_verifier(
         scenarios=tuple(s.config(tier) for s in chosen),
         timings=timings,
         environment=environment(),
-        extra={"mode": "greedy" if greedy else "sampling", "cpu_seconds": cpu, **device_extra(dev, prob_dtype)},
+        extra={
+            "mode": "greedy" if greedy else "sampling",
+            "cpu_seconds": cpu,
+            **device_extra(dev, prob_dtype),
+            **extra,
+        },
         command=python_repro(
             "specverify:check_verifier",
             {"verify": verify},
@@ -402,6 +452,7 @@ def check_verifier(
                 scenarios=scenarios,
                 implementation=implementation,
                 **device_keywords(dev, prob_dtype),
+                **parallel.keywords(),
             ),
         ),
     )

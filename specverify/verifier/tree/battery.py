@@ -27,13 +27,15 @@ import torch
 
 from specverify import stats
 from specverify.core.devices import check_device, check_prob_dtype, device_extra
-from specverify.core.errors import ImplementationError, InvalidArgument
-from specverify.core.results import Report, TestResult, protocol_result
+from specverify.core.errors import InvalidArgument
+from specverify.core.results import FAIL, Report, TestResult, protocol_result
 from specverify.core.validation import check_run_options
+from specverify.shard.collect import Parallel, collect_runs, run_battery
+from specverify.shard.work import Job
 from specverify.verifier.battery import analyse_run, callable_name, environment
-from specverify.verifier.scenarios import TIERS, scenario_seed
+from specverify.verifier.scenarios import TIERS
 from specverify.verifier.tree.exact import round_law
-from specverify.verifier.tree.harness import TreeHarnessRun, run_tree_harness
+from specverify.verifier.tree.harness import TreeHarnessRun
 from specverify.verifier.tree.scenarios import TreeScenario, get_tree_scenarios
 
 __all__ = ["check_tree_verifier", "check_verifier", "list_scenarios", "list_tree_scenarios"]
@@ -94,30 +96,35 @@ def accepted_length_results(tree_run: TreeHarnessRun, scenario: TreeScenario, ta
 def run_tree_scenario(
     verify_tree, scenario: TreeScenario, *, tier: str, seed: int, alpha: float, device=None, dtype=None
 ):
-    """Run one tree scenario: ``(results, errors, summary, seconds)``."""
+    """Run one tree scenario in this process: ``(results, errors, summary, seconds)``.
+
+    Its groups are seeded from (seed, scenario, group) as in every sharded run
+    (:mod:`specverify.shard`), so this is the scenario's part of :func:`check_tree_verifier`.
+    """
     start = time.perf_counter()
-    if scenario.edge_coins and getattr(verify_tree, "kernel", None) is None:
-        return [], [], {"note": "skipped: edge coins need a uniforms-in kernel (verify_tree.kernel)"}, 0.0
-    target, drafter = scenario.build()
-    generator = torch.Generator().manual_seed(scenario_seed(seed, "tree/" + scenario.name))
-    try:
-        tree_run = run_tree_harness(
-            verify_tree,
-            target,
-            drafter,
-            scenario.drafting,
-            batch_size=scenario.batch_size,
-            length=scenario.length,
-            generator=generator,
-            num_groups=scenario.num_groups(tier),
-            edge_coins=scenario.edge_coins,
-            device=device,
-            dtype=dtype,
-        )
-    except ImplementationError as exc:
-        message = f"{scenario.name}: {exc}"
+    if _skipped(verify_tree, scenario):
+        return [], [], {"note": SKIP_NOTE}, 0.0
+    job = Job("tree_verifier", verify_tree, tier, seed, device, dtype)
+    collected = collect_runs(job, [scenario], tier=tier)
+    run, error = collected.runs.get(scenario.name), collected.errors.get(scenario.name)
+    results, errors, summary = tree_scenario_results(scenario, run, error, alpha=alpha, seed=seed)
+    return results, errors, summary, time.perf_counter() - start
+
+
+SKIP_NOTE = "skipped: edge coins need a uniforms-in kernel (verify_tree.kernel)"
+
+
+def _skipped(verify_tree, scenario: TreeScenario) -> bool:
+    return scenario.edge_coins and getattr(verify_tree, "kernel", None) is None
+
+
+def tree_scenario_results(scenario: TreeScenario, tree_run: TreeHarnessRun | None, error, *, alpha: float, seed: int):
+    """The tests of one tree scenario's (merged) run: ``(results, errors, summary)``."""
+    if tree_run is None:
+        message = error or f"{scenario.name}: no run"
         result = protocol_result(scenario.name, message, 0, method=PROTOCOL_METHOD, position="all")
-        return [result], [message], {}, time.perf_counter() - start
+        return [result], [message], {}
+    target, drafter = scenario.build()
     results: list[TestResult] = [protocol_result(scenario.name, None, tree_run.run.num_calls, method=PROTOCOL_METHOD)]
     analysed = analyse_run(tree_run.run, target, drafter, scenario=scenario.name, alpha=alpha, seed=seed)
     if scenario.edge_coins:  # zero coins: only the exact tests are valid
@@ -138,7 +145,7 @@ def run_tree_scenario(
     if note:
         summary["note"] = note
     summary["acceptance"] = _acceptance_entry(tree_run, first)
-    return results, [], summary, time.perf_counter() - start
+    return results, [], summary
 
 
 def _acceptance_entry(tree_run: TreeHarnessRun, first) -> dict:
@@ -175,6 +182,11 @@ def check_tree_verifier(
     implementation: str | None = None,
     device=None,
     dtype=None,
+    workers: int = 1,
+    backend: str | None = None,
+    shards: int | None = None,
+    ray_address: str | None = None,
+    until_decisive: bool = False,
 ) -> Report:
     """Statistically audit a tree / multi-draft verifier; return a :class:`~specverify.core.results.Report`.
 
@@ -203,6 +215,8 @@ def check_tree_verifier(
         :func:`~specverify.verifier.tree.harness.run_tree_harness`.
     dtype : torch.dtype or str, optional
         dtype of the probabilities handed in: float32 (default), bfloat16, float16.
+    workers, backend, shards, ray_address, until_decisive : optional
+        Sharded execution and anytime stopping, as in :func:`specverify.check_verifier`.
 
     Returns
     -------
@@ -217,21 +231,28 @@ def check_tree_verifier(
     chosen = get_tree_scenarios(scenarios, modes=modes)
     if not chosen:
         raise InvalidArgument(f"no tree scenario matches scenarios={scenarios!r} and modes={modes!r}")
+    parallel = Parallel(workers, backend, shards, ray_address, until_decisive=until_decisive)
     start = time.perf_counter()
-    results, errors, timings, summaries = [], [], {}, {}
-    for i, scenario in enumerate(chosen):
-        if progress is not None:
-            progress(i, len(chosen), scenario.name)
-        res, errs, summary, secs = run_tree_scenario(
-            verify_tree, scenario, tier=tier, seed=seed, alpha=alpha, device=dev, dtype=prob_dtype
+    summaries = {s.name: {"note": SKIP_NOTE} for s in chosen if _skipped(verify_tree, s)}
+    runnable = [s for s in chosen if s.name not in summaries]
+
+    def analyse(scenario, tree_run, error):
+        results, errors, summaries[scenario.name] = tree_scenario_results(
+            scenario, tree_run, error, alpha=alpha, seed=seed
         )
-        results += res
-        errors += errs
-        summaries[scenario.name] = summary
-        timings[scenario.name] = secs
+        return results, errors
+
+    if progress is not None:
+        progress(0, len(chosen), chosen[0].name)
+    outcome = run_battery(
+        Job("tree_verifier", verify_tree, tier, seed, dev, prob_dtype), runnable, tier=tier, alpha=alpha,
+        parallel=parallel, progress=progress, analyse=analyse,
+    )  # fmt: skip
     if progress is not None:
         progress(len(chosen), len(chosen), "")
-    graded, verdict = stats.grade_run(results, errors, alpha=alpha)
+    graded, errors, timings = outcome.results, outcome.errors, outcome.timings
+    summaries = {s.name: summaries[s.name] for s in chosen if s.name in summaries}
+    verdict = FAIL if errors else stats.verdict(graded)
     timings["total"] = time.perf_counter() - start
     name = implementation or callable_name(verify_tree)
     return Report(
@@ -251,6 +272,7 @@ def check_tree_verifier(
             "acceptance": {name: s["acceptance"] for name, s in summaries.items() if s.get("acceptance")},
             "modes": sorted({s.drafting.mode for s in chosen}),
             **device_extra(dev, prob_dtype),
+            **outcome.extra,
         },
     )
 

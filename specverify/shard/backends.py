@@ -1,0 +1,206 @@
+"""Run a shard plan: in this process, in N local worker processes, or as tasks on a Ray cluster.
+
+``execute(job, shards, backend=..., workers=..., on_output=...)`` calls ``on_output`` in the
+driver once per finished shard, in completion order (callers that need a fixed order --
+the anytime stopping rule -- buffer by shard index).  ``on_output`` returning True stops the
+run: unfinished shards are cancelled.
+
+Faults.  A shard whose worker dies (SIGKILL, OOM, a lost node) or that raises anything but an
+implementation error -- an *infrastructure* error -- is run again, up to ``retries`` more
+times, and every such incident is returned (shard, attempt, error) for the report.  An
+:class:`~specverify.core.errors.ImplementationError` never reaches this level: the shard
+records it as a finding about the implementation (:mod:`specverify.shard.work`).  A shard's
+output is kept once, by index, so a retried shard is never counted twice, and a shard's
+output does not depend on the attempt or the process (its groups are seeded by plan
+position), so a retry changes nothing in the statistics.  Ctrl-C cancels everything and
+re-raises: nothing is merged or written.
+
+Backends: ``"inline"`` (this process; no retries), ``"processes"`` (``concurrent.futures``
+with spawned workers; no extra dependency) and ``"ray"`` (``pip install specverify[ray]``;
+with no address a local Ray instance of ``workers`` CPUs is started and shut down by the
+run; a shard asks for one GPU when the implementation runs on CUDA).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+
+from specverify.core.errors import InvalidArgument, SpecVerifyError
+from specverify.core.validation import check_int
+from specverify.shard.plan import Shard
+from specverify.shard.work import Job, ShardOutput, run_shard
+
+__all__ = ["BACKENDS", "ShardError", "execute", "check_backend"]
+
+BACKENDS = ("inline", "processes", "ray")
+RAY_INSTALL = "pip install 'specverify[ray]'  (or: pip install ray)"
+
+
+class ShardError(SpecVerifyError):
+    """A shard kept failing for reasons outside the implementation (its retries are spent)."""
+
+
+def check_backend(backend, workers) -> tuple[str, int]:
+    """``(backend, workers)`` validated; ``backend=None`` means inline for 1 worker, processes otherwise."""
+    workers = check_int("workers", workers, minimum=1)
+    if backend is None:
+        backend = "inline" if workers == 1 else "processes"
+    if backend not in BACKENDS:
+        raise InvalidArgument(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "inline" and workers != 1:
+        raise InvalidArgument(f"backend 'inline' runs in this process: workers must be 1, got {workers}")
+    return backend, workers
+
+
+def execute(
+    job: Job,
+    shards: Sequence[Shard],
+    *,
+    backend: str,
+    workers: int,
+    on_output: Callable[[ShardOutput], bool | None],
+    retries: int = 2,
+    ray_address: str | None = None,
+) -> list[dict]:
+    """Run every shard (see the module docstring); return the infrastructure incidents.
+
+    Raises
+    ------
+    ShardError
+        A shard failed more than ``retries`` times for infrastructure reasons.
+    """
+    backend, workers = check_backend(backend, workers)
+    retries = check_int("retries", retries, minimum=0)
+    if backend == "inline":
+        for shard in shards:
+            if on_output(run_shard(job, shard)):
+                break
+        return []
+    if backend == "processes":
+        _check_picklable(job)
+        return _processes(job, shards, workers, on_output, retries)
+    return _ray(job, shards, workers, on_output, retries, ray_address)
+
+
+def _check_picklable(job: Job) -> None:
+    """Worker processes get the implementation by pickling (by reference for module-level functions)."""
+    import pickle
+
+    try:
+        pickle.dumps(job)
+    except Exception as exc:
+        raise InvalidArgument(
+            f"backend 'processes' sends the implementation {job.implementation!r} to worker processes by "
+            f"pickling, which failed ({type(exc).__name__}: {exc}); use a module-level function or class "
+            "instance, or backend='ray' (cloudpickle)"
+        ) from None
+
+
+class _Attempts:
+    """Per-shard attempt counts and the incident log; raises once a shard's retries are spent."""
+
+    def __init__(self, retries: int):
+        self.retries, self.counts, self.incidents = retries, {}, []
+
+    def failed(self, shard: Shard, error: BaseException) -> None:
+        attempt = self.counts.get(shard.index, 0) + 1
+        self.counts[shard.index] = attempt
+        text = f"{type(error).__name__}: {error}".strip()[:500]
+        self.incidents.append({"shard": shard.index, "attempt": attempt, "error": text})
+        if attempt > self.retries:
+            raise ShardError(f"shard {shard.index} failed {attempt} times; last: {text}") from error
+
+
+def _init_worker() -> None:
+    import torch
+
+    torch.set_num_threads(1)  # one core per worker process
+
+
+def _processes(job, shards, workers, on_output, retries) -> list[dict]:
+    attempts = _Attempts(retries)
+    pending = {shard.index: shard for shard in shards}
+    context = multiprocessing.get_context("spawn")
+    stopped = False
+    while pending:
+        pool = ProcessPoolExecutor(max_workers=min(workers, len(pending)), mp_context=context, initializer=_init_worker)
+        try:
+            futures = {pool.submit(run_shard, job, shard): shard for shard in pending.values()}
+            while futures:
+                done, _ = wait(futures, return_when=FIRST_COMPLETED)
+                for future in done:
+                    shard = futures.pop(future)
+                    try:
+                        output = future.result()
+                    except BrokenProcessPool as exc:  # a worker died: every unfinished shard is resubmitted
+                        attempts.failed(shard, exc)
+                        continue
+                    except Exception as exc:  # an infrastructure error raised in the worker
+                        attempts.failed(shard, exc)
+                        continue
+                    del pending[shard.index]
+                    if on_output(output):
+                        stopped = True
+                        pending.clear()
+                        futures.clear()
+                        break
+        except BaseException:
+            _kill(pool)
+            raise
+        if stopped or pending:  # a decisive stop, or a broken pool: its workers go now
+            _kill(pool)
+        else:
+            pool.shutdown(wait=True)
+    return attempts.incidents
+
+
+def _kill(pool: ProcessPoolExecutor) -> None:
+    """Terminate a pool's workers now (Ctrl-C, a broken pool, or a decisive stop)."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+    for process in processes:
+        process.join(timeout=10)
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _ray(job, shards, workers, on_output, retries, address) -> list[dict]:
+    try:
+        import ray
+    except ImportError as exc:
+        raise InvalidArgument(f"backend 'ray' needs Ray: {RAY_INSTALL}") from exc
+    started = False
+    if not ray.is_initialized():
+        options = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        if address:
+            ray.init(address=address, **options)
+        else:
+            ray.init(num_cpus=workers, **options)
+        started = True
+    attempts = _Attempts(retries)
+    gpus = 1 if str(job.device or "cpu").startswith("cuda") else 0
+    task = ray.remote(run_shard).options(num_cpus=1, num_gpus=gpus, max_retries=0)
+    refs: dict = {}
+    try:
+        refs = {task.remote(job, shard): shard for shard in shards}
+        while refs:
+            (ref,), _ = ray.wait(list(refs), num_returns=1)
+            shard = refs.pop(ref)
+            try:
+                output = ray.get(ref)
+            except ray.exceptions.RayError as exc:  # a dead worker or node, or an error raised in the task
+                attempts.failed(shard, exc)
+                refs[task.remote(job, shard)] = shard
+                continue
+            if on_output(output):
+                break
+    finally:
+        for ref in refs:
+            ray.cancel(ref, force=True)
+        if started:
+            ray.shutdown()
+    return attempts.incidents

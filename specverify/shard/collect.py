@@ -1,0 +1,204 @@
+"""Collect a battery's harness runs through the shard plan, on any backend, and merge them.
+
+:func:`collect_runs` is what :func:`specverify.check_verifier` and
+:func:`specverify.check_tree_verifier` call for the sampling battery: plan the groups of the
+chosen scenarios into shards (:func:`~specverify.shard.plan.plan_shards`), run the shards
+(:func:`~specverify.shard.backends.execute`), and merge each scenario's groups in group
+order (:func:`~specverify.shard.work.merge_runs`).  The batteries then analyse and grade the
+merged runs exactly as before, once.
+
+``stop`` (the anytime rule of ``until_decisive``) sees shard outputs in *plan order* -- an
+out-of-order arrival waits for the shards before it -- so the data it has seen when it stops
+form a prefix of a sequence fixed before the run, whatever the timing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from specverify.core.errors import InvalidArgument
+from specverify.core.validation import check_int
+from specverify.shard.backends import check_backend, execute
+from specverify.shard.plan import plan_shards
+from specverify.shard.work import GroupOutput, Job, ShardOutput, merge_runs, merge_tree_runs
+
+__all__ = ["BatteryOutcome", "Collected", "Parallel", "collect_runs", "run_battery", "DEFAULT_SHARDS_PER_WORKER"]
+
+#: Shards per worker when the plan is not given (small shards balance load and make a lost worker cheap).
+DEFAULT_SHARDS_PER_WORKER = 4
+#: Most shards of a default plan under anytime stopping (one per group up to this).
+MAX_ANYTIME_SHARDS = 4096
+
+
+@dataclass
+class Collected:
+    """Merged runs per scenario (None where the implementation failed), errors, timings, the run's record."""
+
+    runs: dict = field(default_factory=dict)
+    errors: dict = field(default_factory=dict)
+    seconds: dict = field(default_factory=dict)
+    cpu_seconds: dict = field(default_factory=dict)
+    record: dict = field(default_factory=dict)
+
+
+def collect_runs(
+    job: Job,
+    scenarios: Sequence,
+    *,
+    tier: str,
+    shards: int | None = None,
+    backend: str | None = None,
+    workers: int = 1,
+    retries: int = 2,
+    ray_address: str | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
+    stop: Callable[[ShardOutput], bool] | None = None,
+) -> Collected:
+    """Run ``scenarios``' groups as shards and merge them per scenario (see the module docstring).
+
+    ``progress(done, total, name)`` is called as scenarios complete (done < total) -- the
+    battery makes the final call.  ``stop(output)`` may end the run early (True); the
+    scenarios it did not complete are left out of ``runs``.
+    """
+    backend, workers = check_backend(backend, workers)
+    num_shards = shards
+    if num_shards is None and stop is not None:  # check the stopping rule often: a shard per group (capped)
+        num_shards = min(MAX_ANYTIME_SHARDS, sum(s.num_groups(tier) for s in scenarios))
+    elif num_shards is None:
+        num_shards = 1 if backend == "inline" else DEFAULT_SHARDS_PER_WORKER * workers
+    plan = plan_shards([(s.name, s.num_groups(tier), float(s.batch_size * s.length)) for s in scenarios], num_shards)
+    wanted = {s.name: s.num_groups(tier) for s in scenarios}
+    groups: dict[str, list[GroupOutput]] = {name: [] for name in wanted}
+    out = Collected()
+    buffered: dict[int, ShardOutput] = {}
+    state = {"next": 0, "stopped": False, "done": 0, "pids": set()}
+
+    def on_output(output: ShardOutput) -> bool:
+        state["pids"].add(output.pid)
+        for g in output.groups:
+            groups[g.scenario].append(g)
+            if len(groups[g.scenario]) == wanted[g.scenario]:
+                state["done"] += 1
+                if progress is not None and state["done"] < len(wanted):
+                    progress(state["done"], len(wanted), g.scenario)
+        if stop is None:
+            return False
+        buffered[output.index] = output
+        while state["next"] in buffered:  # plan order
+            if stop(buffered.pop(state["next"])):
+                state["stopped"] = True
+                return True
+            state["next"] += 1
+        return False
+
+    incidents = execute(
+        job, plan, backend=backend, workers=workers, on_output=on_output, retries=retries, ray_address=ray_address
+    )
+    merge = merge_runs if job.kind == "verifier" else merge_tree_runs
+    for name, outputs in groups.items():
+        if len(outputs) < wanted[name]:
+            continue  # stopped early
+        outputs.sort(key=lambda g: g.group)
+        out.seconds[name] = sum(g.seconds for g in outputs)
+        out.cpu_seconds[name] = sum(g.cpu_seconds for g in outputs)
+        failed = [g.error for g in outputs if g.error is not None]
+        if failed:
+            out.errors[name] = failed[0]  # the first in group order: the same for every plan
+            out.runs[name] = None
+        else:
+            out.runs[name] = merge([g.run for g in outputs])
+    out.record = {
+        "backend": backend,
+        "workers": workers,
+        "shards": len(plan),
+        "processes": len(state["pids"]),
+        "incidents": incidents,
+        "stopped_early": state["stopped"],
+        "ray_address": ray_address if backend == "ray" else None,
+    }
+    return out
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """How a battery's sampling runs execute: shard plan, backend, workers, retries, anytime stopping.
+
+    The defaults run everything in this process; the statistics never depend on these options
+    (only ``until_decisive`` changes the report: the anytime e-processes and their alpha share).
+    """
+
+    workers: int = 1
+    backend: str | None = None
+    shards: int | None = None
+    ray_address: str | None = None
+    retries: int = 2
+    until_decisive: bool = False
+
+    def __post_init__(self):
+        backend, workers = check_backend(self.backend, self.workers)
+        object.__setattr__(self, "backend", backend)
+        if self.shards is not None:
+            check_int("shards", self.shards, minimum=1)
+        check_int("retries", self.retries, minimum=0)
+        if self.ray_address is not None and backend != "ray":
+            raise InvalidArgument(f"ray_address needs backend='ray', got backend={backend!r}")
+
+    @property
+    def default(self) -> bool:
+        return self == Parallel()
+
+    def keywords(self) -> dict:
+        """The non-default options, as keyword arguments of the audit (for the recorded command)."""
+        return {k: v for k, v in vars(self).items() if v != getattr(Parallel(), k)}
+
+
+@dataclass
+class BatteryOutcome:
+    """What a sharded sampling battery produced: graded results, errors, timings and its record."""
+
+    results: list
+    errors: list
+    timings: dict
+    cpu_seconds: dict
+    extra: dict
+
+
+def run_battery(job: Job, scenarios: Sequence, *, tier: str, alpha: float, parallel: Parallel, progress, analyse):
+    """Collect, analyse each scenario once (``analyse(scenario, run, error) -> (results, errors)``), grade once.
+
+    With ``parallel.until_decisive`` the anytime e-processes of :mod:`specverify.shard.anytime`
+    get ``alpha * SHARE``; a decisive stop grades only them (and the protocol results of the
+    scenarios finished), otherwise the battery is graded at ``alpha * (1 - SHARE)``.
+    """
+    from specverify import stats
+    from specverify.shard.anytime import SHARE, AnytimeStop
+
+    stopper = AnytimeStop(scenarios, alpha=alpha, tree=job.kind == "tree_verifier") if parallel.until_decisive else None
+    collected = collect_runs(
+        job, scenarios, tier=tier, shards=parallel.shards, backend=parallel.backend, workers=parallel.workers,
+        retries=parallel.retries, ray_address=parallel.ray_address, progress=progress, stop=stopper,
+    )  # fmt: skip
+    results: list = []
+    errors: list = []
+    for scenario in scenarios:
+        if scenario.name not in collected.runs:
+            continue  # not finished: the run stopped early
+        run, error = collected.runs[scenario.name], collected.errors.get(scenario.name)
+        res, errs = analyse(scenario, run, error)
+        if stopper is not None and stopper.decisive is not None:
+            res = [r for r in res if r.family == "protocol"]  # fixed-N tests are not valid at a data-dependent N
+        results += res
+        errors += errs
+    extra: dict = {}
+    if stopper is None:
+        graded = stats.grade(results, alpha=alpha)
+    else:
+        graded = stats.grade(results, alpha=alpha * (1 - SHARE)) if results else []
+        graded += stats.grade(stopper.results(), alpha=alpha * SHARE)
+        planned = sum(s.num_groups(tier) * s.batch_size * s.length for s in scenarios)
+        extra["anytime"] = stopper.record(planned)
+    if not parallel.default:
+        extra["sharding"] = collected.record
+    timings = {**collected.seconds}
+    return BatteryOutcome(list(graded), errors, timings, collected.cpu_seconds, extra)

@@ -1,0 +1,173 @@
+"""What a shard does: run its groups of the chain or tree harness, and merge group outputs exactly.
+
+A shard returns, per group, the group's full harness run (every emitted token with its
+contexts and in-round position, every acceptance trial with its exact probability) or the
+:class:`~specverify.core.errors.ImplementationError` message the implementation earned.
+These per-token records are the sufficient statistics of every test of the battery --
+including the order-dependent ones (a context node's test takes its first visits in
+position-major order; PIT/KS tests need every value, not a sum) -- and merging them is
+concatenation in group order (:func:`merge_runs`), so the analysis of the merged run is the
+analysis of the run one process would have made.  Grading happens once, on the merge.
+
+Shapes: R rows, L tokens per row, T trials.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from specverify.core.errors import ImplementationError, InvalidArgument
+from specverify.shard.plan import Shard, group_seed
+from specverify.verifier.harness import HarnessRun
+
+__all__ = ["Job", "GroupOutput", "ShardOutput", "run_shard", "merge_runs", "merge_tree_runs", "KINDS"]
+
+KINDS = ("verifier", "tree_verifier")
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything a worker needs besides its shard (picklable: the implementation by reference).
+
+    ``fault`` is a fault-injection hook for drills and tests (``fault(shard_index)`` after
+    a shard's first group; see :mod:`specverify.shard.faults`); None in real runs.
+    """
+
+    kind: str
+    implementation: Any
+    tier: str
+    seed: int
+    device: Any = None  # str or torch.device; None: the CPU
+    dtype: Any = None  # torch.dtype of the probabilities handed in; None: float32
+    threads: int | None = None
+    fault: Any = None
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise InvalidArgument(f"kind must be one of {KINDS}, got {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class GroupOutput:
+    """One group's harness run, or the implementation error it raised."""
+
+    scenario: str
+    group: int
+    run: Any  # HarnessRun or TreeHarnessRun, None on error
+    error: str | None
+    seconds: float
+    cpu_seconds: float
+
+
+@dataclass(frozen=True)
+class ShardOutput:
+    """A finished shard: its groups' outputs, the process that ran it and its wall time."""
+
+    index: int
+    groups: tuple[GroupOutput, ...]
+    pid: int
+    seconds: float
+
+
+def _scenario(kind: str, name: str):
+    if kind == "verifier":
+        from specverify.verifier.scenarios import get_scenarios
+
+        return get_scenarios([name])[0]
+    from specverify.verifier.tree.scenarios import get_tree_scenarios
+
+    return get_tree_scenarios([name])[0]
+
+
+def _run_group(job: Job, scenario, target, drafter, group: int):
+    """The harness run of one group, seeded from (root seed, scenario, group)."""
+    from specverify.verifier.harness import run_harness
+    from specverify.verifier.tree.harness import run_tree_harness
+
+    determinism_rows = 64 if group == 0 else 0  # the protocol's determinism check: once per scenario
+    if job.kind == "verifier":
+        generator = torch.Generator().manual_seed(group_seed(job.seed, scenario.name, group))
+        return run_harness(
+            job.implementation, target, drafter, k=scenario.k, batch_size=scenario.batch_size,
+            length=scenario.length, generator=generator, num_groups=1,
+            verifier_dtype=job.dtype or torch.float32, determinism_rows=determinism_rows, device=job.device,
+        )  # fmt: skip
+    generator = torch.Generator().manual_seed(group_seed(job.seed, "tree/" + scenario.name, group))
+    return run_tree_harness(
+        job.implementation, target, drafter, scenario.drafting, batch_size=scenario.batch_size,
+        length=scenario.length, generator=generator, num_groups=1, edge_coins=scenario.edge_coins,
+        determinism_rows=determinism_rows, device=job.device, dtype=job.dtype,
+    )  # fmt: skip
+
+
+def run_shard(job: Job, shard: Shard) -> ShardOutput:
+    """Run every group of ``shard``; implementation errors are recorded, anything else propagates."""
+    if job.threads is not None:
+        torch.set_num_threads(job.threads)  # a worker process of the shard runner: its own setting
+    from specverify.shard.faults import from_environment
+
+    fault = job.fault if job.fault is not None else from_environment()
+    start = time.perf_counter()
+    outputs: list[GroupOutput] = []
+    for item in shard.items:
+        scenario = _scenario(job.kind, item.scenario)
+        target, drafter = scenario.build()
+        for group in item.groups:
+            t0, c0 = time.perf_counter(), time.process_time()
+            try:
+                run, error = _run_group(job, scenario, target, drafter, group), None
+            except ImplementationError as exc:
+                row = f" (row {exc.row})" if exc.row is not None and not str(exc).startswith("row") else ""
+                run, error = None, f"{scenario.name}: {exc}{row}"
+            outputs.append(
+                GroupOutput(scenario.name, group, run, error, time.perf_counter() - t0, time.process_time() - c0)
+            )
+            if fault is not None and len(outputs) == 1:
+                fault(shard.index)
+    return ShardOutput(shard.index, tuple(outputs), os.getpid(), time.perf_counter() - start)
+
+
+def merge_runs(runs) -> HarnessRun:
+    """One :class:`HarnessRun` from the runs of consecutive groups (in group order): rows and trials concatenated."""
+    runs = list(runs)
+    if not runs:
+        raise InvalidArgument("merge_runs needs at least one run")
+    first = runs[0]
+    if any((r.k, r.batch_size, r.length) != (first.k, first.batch_size, first.length) for r in runs):
+        raise InvalidArgument("runs of different scenarios cannot be merged")
+    return HarnessRun(
+        tokens=torch.cat([r.tokens for r in runs]),  # (R, L)
+        target_contexts=torch.cat([r.target_contexts for r in runs]),  # (R, L)
+        draft_contexts=torch.cat([r.draft_contexts for r in runs]),  # (R, L)
+        block_positions=torch.cat([r.block_positions for r in runs]),  # (R, L)
+        trial_positions=torch.cat([r.trial_positions for r in runs]),  # (T,)
+        trial_accept_probs=torch.cat([r.trial_accept_probs for r in runs]),  # (T,)
+        trial_accepted=torch.cat([r.trial_accepted for r in runs]),  # (T,)
+        k=first.k,
+        batch_size=first.batch_size,
+        num_groups=sum(r.num_groups for r in runs),
+        length=first.length,
+        num_calls=sum(r.num_calls for r in runs),
+        seconds=sum(r.seconds for r in runs),
+    )
+
+
+def merge_tree_runs(runs):
+    """One :class:`~specverify.verifier.tree.harness.TreeHarnessRun` from consecutive groups' runs."""
+    from specverify.verifier.tree.harness import TreeHarnessRun
+
+    runs = list(runs)
+    if not runs:
+        raise InvalidArgument("merge_tree_runs needs at least one run")
+    return TreeHarnessRun(
+        merge_runs([r.run for r in runs]),
+        torch.cat([r.accepted_depths for r in runs]),
+        torch.cat([r.root_target_contexts for r in runs]),
+        torch.cat([r.root_draft_contexts for r in runs]),
+        max(r.num_nodes for r in runs),
+    )

@@ -1,0 +1,185 @@
+"""Sharded batteries (specverify.shard): plans, exact merges, backends, lost workers, anytime stopping.
+
+The claim under test: the report's statistics do not depend on how the work was cut or run --
+one process, N local processes or a Ray cluster, with or without a worker killed mid-shard --
+and an implementation error inside a shard is a finding, never a retry.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import specverify as sv
+from reference.rules import verify
+from specverify.core.errors import InvalidArgument
+from specverify.mutants import by_name
+from specverify.shard import Job, ShardError, execute, group_seed, merge_runs, plan_shards, run_shard
+from specverify.shard.collect import Parallel, collect_runs
+from specverify.shard.faults import KillOnce
+from specverify.verifier.scenarios import get_scenarios
+
+SCENARIOS = ["pos8_uniform_k4", "pos2_least_likely_k2"]
+
+
+def _stats(report):
+    return [(r.family, r.name, r.scenario, r.position, r.n, r.statistic, r.pvalue) for r in report.results]
+
+
+def test_plan_covers_every_group_once_contiguously():
+    spec = [("a", 5, 1.0), ("b", 3, 4.0), ("c", 1, 2.0)]
+    for num_shards in (1, 2, 3, 4, 9, 50):
+        plan = plan_shards(spec, num_shards)
+        assert len(plan) == min(num_shards, 9) and all(shard.items for shard in plan)
+        units = [(item.scenario, g) for shard in plan for item in shard.items for g in item.groups]
+        assert units == [(name, g) for name, n, _ in spec for g in range(n)]  # each once, in order
+    costs = [shard.cost for shard in plan_shards([("a", 64, 1.0)], 4)]
+    assert costs == [16.0] * 4
+    with pytest.raises(InvalidArgument, match="num_shards"):
+        plan_shards(spec, 0)
+    with pytest.raises(InvalidArgument, match="num_groups"):
+        plan_shards([("a", 0, 1.0)], 2)
+
+
+def test_group_seeds_are_distinct_and_stable():
+    seeds = {group_seed(0, name, g) for name in SCENARIOS for g in range(16)}
+    assert len(seeds) == 32
+    assert group_seed(3, "x", 1) == group_seed(3, "x", 1) != group_seed(4, "x", 1)
+
+
+def test_merge_is_concatenation_in_group_order():
+    (scenario,) = get_scenarios(["pos8_uniform_k4"])
+    job = Job("verifier", verify, "smoke", 0)
+    shards = plan_shards([(scenario.name, 3, 1.0)], 3)
+    parts = [run_shard(job, shard).groups[0].run for shard in shards]
+    merged = merge_runs(parts)
+    assert torch.equal(merged.tokens, torch.cat([p.tokens for p in parts]))
+    assert merged.num_calls == sum(p.num_calls for p in parts) and merged.num_groups == 3
+    whole = collect_runs(job, [scenario], tier="smoke", shards=5).runs[scenario.name]  # 8 groups, 5 shards
+    inline = collect_runs(job, [scenario], tier="smoke").runs[scenario.name]
+    assert torch.equal(whole.tokens, inline.tokens) and torch.equal(whole.trial_accepted, inline.trial_accepted)
+    with pytest.raises(InvalidArgument):
+        merge_runs([])
+
+
+def test_worker_processes_give_the_inline_report():
+    inline = sv.check_verifier(verify, tier="smoke", seed=0, scenarios=SCENARIOS)
+    sharded = sv.check_verifier(verify, tier="smoke", seed=0, scenarios=SCENARIOS, workers=2, shards=5)
+    assert _stats(sharded) == _stats(inline) and sharded.verdict == inline.verdict == "pass"
+    record = sharded.extra["sharding"]
+    assert record["backend"] == "processes" and record["shards"] == 5 and record["incidents"] == []
+    assert "workers=2" in sharded.command and "sharding" not in inline.extra
+
+
+def test_a_killed_worker_is_retried_and_changes_nothing(tmp_path):
+    inline = sv.check_verifier(verify, tier="smoke", seed=1, scenarios=SCENARIOS)
+    fault = KillOnce(str(tmp_path / "killed"), shard=2)
+    job = Job("verifier", verify, "smoke", 1, fault=fault)
+    collected = collect_runs(job, get_scenarios(SCENARIOS), tier="smoke", shards=4, workers=2)
+    assert fault.fired()
+    incidents = collected.record["incidents"]
+    assert incidents and all("BrokenProcessPool" in i["error"] for i in incidents)
+    for name in SCENARIOS:  # the merged runs, hence every statistic, are the undisturbed ones
+        again = collect_runs(Job("verifier", verify, "smoke", 1), get_scenarios([name]), tier="smoke").runs[name]
+        assert torch.equal(collected.runs[name].tokens, again.tokens)
+        assert collected.runs[name].num_calls == again.num_calls
+    assert inline.verdict == "pass"
+
+
+def test_implementation_errors_are_findings_not_retries():
+    raising = by_name("residual_is_p").fn  # a real finding first: the law is wrong
+    report = sv.check_verifier(raising, tier="smoke", seed=0, scenarios=["pos8_uniform_k4"], workers=2)
+    assert report.verdict == "fail" and report.extra["sharding"]["incidents"] == []
+    broken = sv.check_verifier(_raises, tier="smoke", seed=0, scenarios=SCENARIOS, workers=2, shards=4)
+    assert broken.verdict == "fail" and len(broken.errors) == 2 and "raised" in broken.errors[0]
+    assert broken.extra["sharding"]["incidents"] == []
+
+
+def _raises(target_probs, draft_probs, draft_tokens, *, generator):
+    raise RuntimeError("kernel exploded")
+
+
+def _infrastructure_failure(shard_index):
+    raise OSError("disk full")
+
+
+def test_infrastructure_errors_are_retried_then_reported():
+    job = Job("verifier", verify, "smoke", 0, fault=_infrastructure_failure)
+    shards = plan_shards([("pos8_uniform_k4", 2, 1.0)], 2)
+    with pytest.raises(ShardError, match="failed 2 times; last: OSError: disk full"):
+        execute(job, shards, backend="processes", workers=2, on_output=lambda out: None, retries=1)
+
+
+def test_ctrl_c_stops_the_workers():
+    shards = plan_shards([("pos8_uniform_k4", 4, 1.0)], 4)
+
+    def interrupt(output):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        execute(Job("verifier", verify, "smoke", 0), shards, backend="processes", workers=2, on_output=interrupt)
+    import multiprocessing
+
+    assert not [p for p in multiprocessing.active_children() if p.is_alive()]
+
+
+def test_tree_battery_sharded_equals_inline():
+    from reference.tree_rules import verify_tree
+
+    names = ["markov8_iid_2x2", "markov8_topk_3x2"]
+    inline = sv.check_tree_verifier(verify_tree, scenarios=names)
+    sharded = sv.check_tree_verifier(verify_tree, scenarios=names, workers=2, shards=3)
+    assert _stats(sharded) == _stats(inline) and inline.verdict == "pass"
+    assert sharded.extra["trees"] == inline.extra["trees"]
+
+
+def test_until_decisive_stops_a_wrong_rule_early_and_lets_a_right_one_finish():
+    wrong = sv.check_verifier(
+        by_name("residual_is_p").fn, scenarios=["pos8_uniform_k4", "pos16_noisy_k1"], until_decisive=True
+    )
+    anytime = wrong.extra["anytime"]
+    assert wrong.verdict == "fail" and anytime["decisive"] is not None
+    assert anytime["tokens_used"] < anytime["tokens_planned"]
+    assert any(r.family == "anytime" and r.grade == "fail" for r in wrong.results)
+    right = sv.check_verifier(verify, scenarios=SCENARIOS, until_decisive=True)
+    assert right.verdict == "pass" and right.extra["anytime"]["decisive"] is None
+    assert right.extra["anytime"]["tokens_used"] == right.extra["anytime"]["tokens_planned"]
+    assert {r.family for r in right.results} >= {"gof", "anytime"}
+
+
+def test_bad_parallel_options_name_the_argument(monkeypatch):
+    for kwargs, name in (
+        ({"workers": 0}, "workers"),
+        ({"backend": "mpi"}, "backend"),
+        ({"backend": "inline", "workers": 2}, "workers"),
+        ({"shards": 0}, "shards"),
+        ({"ray_address": "auto"}, "ray_address"),
+    ):
+        with pytest.raises(InvalidArgument, match=name):
+            Parallel(**kwargs)
+    with pytest.raises(InvalidArgument, match="greedy"):
+        sv.check_verifier(verify, greedy=True, workers=2)
+    with pytest.raises(InvalidArgument, match="pickling"):
+        sv.check_verifier(lambda *a, **k: verify(*a, **k), scenarios=SCENARIOS, workers=2)
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(InvalidArgument, match="pip install"):
+        sv.check_verifier(verify, scenarios=SCENARIOS, backend="ray")
+
+
+@pytest.mark.ray
+def test_ray_cluster_with_a_killed_worker_reproduces_the_one_process_report(tmp_path, monkeypatch):
+    """A local Ray cluster of 2 CPUs runs the reference verifier's smoke battery as 4 shards; the worker
+    running shard 1 is killed (SIGKILL) after its first group.  Statistics and verdict equal the
+    1-process run's, and the report records the lost worker."""
+    pytest.importorskip("ray")
+    one = sv.check_verifier(verify, tier="smoke", seed=0)
+    marker = tmp_path / "killed"
+    monkeypatch.setenv("SPECVERIFY_FAULT", f"kill-once:{marker}:1")  # inherited by the Ray workers
+    cluster = sv.check_verifier(verify, tier="smoke", seed=0, workers=2, shards=4, backend="ray")
+    assert marker.exists()
+    record = cluster.extra["sharding"]
+    assert record["backend"] == "ray" and record["shards"] == 4
+    assert [i["shard"] for i in record["incidents"]] == [1], record
+    assert _stats(cluster) == _stats(one) and cluster.verdict == one.verdict == "pass"
