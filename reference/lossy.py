@@ -18,6 +18,11 @@ from "lossy and also buggy" (``shared/trees-and-lossy.md``, "Lossy rules"):
   law for k distinct candidates: candidates get ``p(x_i)/t`` (when ``S_k <= t``), the rest is
   scaled by ``(1 - S_k/t)/(1 - S_k)``, ``TV = S_k (1/t - 1)``.
 
+* :func:`typical_tree_verify` -- Medusa typical acceptance on a *tree* (tree-verifier protocol):
+  the deterministic walk :func:`typical_tree_walk` (deepest node whose path passes the rule,
+  ties by likelihood, then the first path) and one draw from the truncated law of its end,
+  so the law of a round is known exactly: the adapter's walk is compared with it row by row.
+
 Exact laws: ``*_position_laws`` give P(position i emitted and equals y) for one call
 (shape (..., K+1, V)), ``*_declared_law(target, draft)`` the law at one position given it
 is reached (``draft=None`` at the bonus position) -- what
@@ -64,6 +69,8 @@ __all__ = [
     "threshold_level_law",
     "threshold_level_sample",
     "typical_truncate",
+    "typical_tree_walk",
+    "typical_tree_verify",
 ]
 
 
@@ -339,3 +346,126 @@ def threshold_level_sample(
     chosen = cand.gather(1, hit.long().argmax(-1, keepdim=True)).squeeze(1)  # (B,)
     rest = sample(_fallback(p.scatter(-1, cand, 0.0), p), generator=generator)  # (B,)
     return torch.where(any_hit, chosen, rest)
+
+
+# --------------------------------------------------------------------------- Medusa typical acceptance on a tree
+
+
+def typical_tree_walk(target_probs, tokens, parents, *, eps: float = 0.09, delta: float = 0.3,
+                      entropy_offset: float = 0.0, tolerance: float = 1e-5):  # fmt: skip
+    """Medusa's tree walk (typical acceptance, longest accepted path, ties by likelihood), deterministic.
+
+    Node n (slot n+1, parent slot ``parents[n] + 1``, 0 for the root) is *acceptable* iff
+    ``p_parent(x_n) > min(eps, delta exp(-H(p_parent)))``; a node is *reached* iff it and all
+    its ancestors are acceptable.  The walk ends at the reached node of largest depth, ties
+    broken by the largest ``sum log p`` of its path's tokens, then by the lexicographically
+    smallest path of node indices (the first path row of ``retrieve_indices``); the root
+    (depth 0) when no child of the root is acceptable.  Padding nodes (``parents = -2``) are
+    never reached.
+
+    Parameters
+    ----------
+    target_probs : Tensor, shape (B, N+1, V)
+    tokens, parents : Tensor, shape (B, N), integer
+        The tree-verifier protocol's nodes (:mod:`specverify.verifier.tree.protocol`).
+    eps, delta, entropy_offset : float
+        The rule (``entropy_offset=1e-5`` is Medusa's ``log(p + 1e-5)``).
+    tolerance : float
+        Relative margin below which a decision (a threshold comparison, or the likelihood
+        comparison that picks the end node) is flagged as ambiguous: an implementation in
+        float32 may decide it either way.
+
+    Returns
+    -------
+    path : Tensor (B, D) long
+        The reached path's nodes, -1 padded (D = the batch's maximum depth).
+    depth : Tensor (B,) long
+        Accepted depth (the number of emitted draft tokens).
+    slot : Tensor (B,) long
+        The slot whose law gives the next token (0 = root, n+1 = node n).
+    ambiguous : Tensor (B,) bool
+        Rows with a decision within ``tolerance`` of its boundary.
+    """
+    p = target_probs.to(torch.float64)  # (B, N+1, V)
+    tokens, parents = tokens.long(), parents.long()
+    B, N = tokens.shape
+    thr = typical_threshold(p, eps=eps, delta=delta, entropy_offset=entropy_offset)  # (B, N+1)
+    slot = (parents + 1).clamp(min=0)  # (B, N) parent slot; padding nodes read slot 0 and are masked
+    p_x = p[torch.arange(B)[:, None], slot, tokens.clamp(min=0)]  # (B, N)
+    thr_x = thr.gather(1, slot)  # (B, N)
+    real = parents >= -1  # (B, N)
+    ok = real & (p_x > thr_x)  # (B, N)
+    close = real & ((p_x - thr_x).abs() <= tolerance * thr_x)  # (B, N)
+    reached = torch.zeros(B, N, dtype=torch.bool)
+    depth = torch.zeros(B, N, dtype=torch.long)
+    loglik = torch.zeros(B, N, dtype=torch.float64)
+    for n in range(N):
+        par = parents[:, n].clamp(min=0)  # (B,)
+        root = parents[:, n] == -1
+        reached[:, n] = ok[:, n] & (root | reached[torch.arange(B), par])
+        depth[:, n] = torch.where(root, 1, depth[torch.arange(B), par] + 1)
+        above = torch.where(root, 0.0, loglik[torch.arange(B), par])
+        loglik[:, n] = above + torch.log(p_x[:, n].clamp(min=1e-300))
+    D = int(torch.where(real, depth, 0).max()) if N else 0
+    out_path = torch.full((B, D), -1, dtype=torch.long)
+    out_depth = torch.zeros(B, dtype=torch.long)
+    out_slot = torch.zeros(B, dtype=torch.long)
+    ambiguous = close.any(-1)  # (B,)
+    for b in torch.nonzero(reached.any(-1)).flatten().tolist():
+        nodes = torch.nonzero(reached[b]).flatten().tolist()
+        deepest = max(int(depth[b, n]) for n in nodes)
+        nodes = [n for n in nodes if int(depth[b, n]) == deepest]
+        best_ll = max(float(loglik[b, n]) for n in nodes)
+        near = [n for n in nodes if abs(float(loglik[b, n]) - best_ll) <= tolerance * max(1.0, abs(best_ll))]
+        paths = {n: _root_path(parents[b], n) for n in near}
+        if len(near) > 1:
+            exact = [n for n in near if float(loglik[b, n]) == best_ll]
+            ambiguous[b] |= len(exact) != len(near)
+            near = exact
+        end = min(near, key=lambda n: paths[n])
+        out_path[b, :deepest] = torch.tensor(paths[end])
+        out_depth[b], out_slot[b] = deepest, end + 1
+    return out_path, out_depth, out_slot, ambiguous
+
+
+def _root_path(parents_row: torch.Tensor, node: int) -> list[int]:
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = int(parents_row[node])
+    return path[::-1]
+
+
+def typical_tree_verify(target_probs, draft_probs, tokens, parents, *, mode: str, generator: torch.Generator,
+                        eps: float = 0.09, delta: float = 0.3, entropy_offset: float = 0.0,
+                        next_token: str = "typical"):  # fmt: skip
+    """Medusa typical acceptance on a tree, in the tree-verifier protocol (reads no draft law; any mode).
+
+    The walk is :func:`typical_tree_walk`; the token after it is drawn from the truncated law
+    of its end slot (:func:`typical_truncate`, one uniform per row) or, with
+    ``next_token="greedy"``, is that law's argmax.  Exact law of a round: the walk's tokens
+    with probability 1, then the truncated (or greedy) law of the end slot.
+
+    Returns
+    -------
+    emitted : Tensor (B, D+1) long
+    num_emitted : Tensor (B,) long
+    path : Tensor (B, D) long
+    """
+    check_generator("generator", generator)
+    if next_token not in ("typical", "greedy"):
+        raise InvalidArgument(f"next_token must be 'typical' or 'greedy', got {next_token!r}")
+    device = target_probs.device
+    p, tokens = target_probs.cpu(), tokens.cpu().long()
+    path, depth, slot, _ = typical_tree_walk(p, tokens, parents.cpu(), eps=eps, delta=delta,
+                                             entropy_offset=entropy_offset)  # fmt: skip
+    B, D = path.shape
+    rows = p[torch.arange(B), slot].to(torch.float64)  # (B, V)
+    if next_token == "greedy":
+        final = rows.argmax(-1)  # (B,)
+    else:
+        final = sample(typical_truncate(rows, eps=eps, delta=delta, entropy_offset=entropy_offset), generator=generator)
+    emitted = torch.zeros(B, D + 1, dtype=torch.long)
+    emitted[:, :D] = torch.where(path >= 0, tokens.gather(1, path.clamp(min=0)), 0)
+    emitted.scatter_(1, depth[:, None], final[:, None])
+    return emitted.to(device), (depth + 1).to(device), path.to(device)

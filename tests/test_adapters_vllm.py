@@ -282,17 +282,17 @@ def test_report_configs_are_well_formed():
 
 
 def test_report_evidence_picks_the_strongest_failure():
-    from specverify.adapters.vllm_reports import _detectable, _evidence
+    from specverify.adapters.vllm_reports import detectable, evidence
 
     def result(grade, p, adj, stat, tv):
         return dict(grade=grade, family="gof", name="gof", scenario="s", position="abs=1", statistic=stat, pvalue=p,
                     adjusted_pvalue=adj, n=100, mde_tv=tv)  # fmt: skip
 
     report = dict(errors=[], results=[result("pass", 0.5, 1.0, 1.0, 0.1), result("fail", 0.0, 0.0, "inf", 0.2)])
-    assert "[FAIL]" in _evidence(report) and "statistic=inf" in _evidence(report)
-    assert _detectable(report) == "median 0.2 (best 0.1, worst 0.2)"
+    assert "[FAIL]" in evidence(report) and "statistic=inf" in evidence(report)
+    assert detectable(report) == "median 0.2 (best 0.1, worst 0.2)"
     passing = dict(errors=[], results=[result("pass", 0.03, 0.9, 2.0, 0.1)])
-    assert _evidence(passing).startswith("no test flagged; smallest raw p")
+    assert evidence(passing).startswith("no test flagged; smallest raw p")
 
 
 @pytest.mark.xfail(

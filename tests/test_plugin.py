@@ -504,3 +504,19 @@ def sv_scenarios():
     from specverify.verifier.battery import list_scenarios
 
     return list_scenarios("smoke")
+
+
+def test_workers_and_backend_options_shard_the_run(fake):
+    result = fake.runpytest("--specverify-impl", "myimpl:good", *FAKE, "--specverify-workers", "0")
+    assert result.ret != 0
+    result.stderr.fnmatch_lines(["*--specverify-workers must be a positive integer*"])
+    result = fake.runpytest("--specverify-impl", "myimpl:good", *FAKE, "--specverify-backend", "mpi")
+    assert result.ret != 0
+    result.stderr.fnmatch_lines(["*--specverify-backend must be one of*mpi*"])
+    result = fake.runpytest_subprocess(  # worker processes: not inside pytester's in-process run
+        "--specverify-impl", "reference.rules:verify", "--specverify-workers", "2", "--specverify-report", "out",
+        "-k", "pos2_least_likely_k2 or protocol",
+    )  # fmt: skip
+    result.assert_outcomes(passed=2, deselected=len(sv_scenarios()) - 1)
+    report = json.loads((fake.path / "out" / "report.json").read_text())
+    assert report["extra"]["sharding"]["backend"] == "processes" and "--workers 2" in report["command"]

@@ -168,6 +168,20 @@ def test_bad_parallel_options_name_the_argument(monkeypatch):
         sv.check_verifier(verify, scenarios=SCENARIOS, backend="ray")
 
 
+def test_decoder_prompts_in_worker_processes_give_the_inline_report(capsys):
+    from specverify.cli.commands import main
+    from specverify.cli.factories import reference_decoder, reference_target
+
+    decoder, target = reference_decoder(top_k=20), reference_target(top_k=20)
+    inline = sv.check_decoder(decoder, target, num_samples=600, max_new_tokens=3)
+    sharded = sv.check_decoder(decoder, target, num_samples=600, max_new_tokens=3, workers=2)
+    assert _stats(sharded) == _stats(inline) and inline.verdict == "pass"
+    assert sharded.scenarios == inline.scenarios and sharded.extra["sharding"]["shards"] == 2
+    argv = ["audit", "--decoder", "specverify.cli.factories:reference_decoder", "--target",
+            "specverify.cli.factories:reference_target", "--workers", "2", "--until-decisive", "--out", "none"]  # fmt: skip
+    assert main(argv) == 2 and "--until-decisive (verifier and tree-verifier audits)" in capsys.readouterr().err
+
+
 @pytest.mark.ray
 def test_ray_cluster_with_a_killed_worker_reproduces_the_one_process_report(tmp_path, monkeypatch):
     """A local Ray cluster of 2 CPUs runs the reference verifier's smoke battery as 4 shards; the worker

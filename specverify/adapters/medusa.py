@@ -32,6 +32,10 @@ After the accepted prefix ``x_1..x_n`` one more token comes from row n of the ta
 * ``"greedy"`` -- ``argmax p``, what ``generate_candidates`` of ``medusa-llm`` 0.1 does
   (``torch.argmax(logits[:, -1])``); declared law :func:`greedy_declared_law`.
 
+The tree path (several candidate paths, longest accepted prefix, ties by likelihood) is
+:class:`specverify.adapters.medusa_tree.MedusaTreeVerifier`, also reachable here as
+``specverify.adapters.medusa:MedusaTreeVerifier`` and ``:typical_tree_verifier``.
+
 Both ``next_token`` rules are this adapter's code (``medusa-llm`` 0.1 has no
 ``get_typical_one_token``); the code under test is ``evaluate_posterior``.
 
@@ -55,7 +59,14 @@ from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.exact import typical_threshold
 from specverify.core.validation import check_generator, check_int
 
-__all__ = ["MedusaTypicalVerifier", "typical_verifier", "greedy_declared_law", "ENTROPY_OFFSET", "INSTALL"]
+__all__ = [
+    "MedusaTypicalVerifier",
+    "typical_verifier",
+    "greedy_declared_law",
+    "next_tokens",
+    "ENTROPY_OFFSET",
+    "INSTALL",
+]
 
 #: Medusa computes the entropy as ``-sum p log(p + 1e-5)``.
 ENTROPY_OFFSET = 1e-5
@@ -81,6 +92,13 @@ def _positive(name: str, value) -> float:
     return v
 
 
+def _float_dtype(dtype) -> torch.dtype:
+    resolved = getattr(torch, str(dtype).removeprefix("torch."), None) if isinstance(dtype, str) else dtype
+    if not isinstance(resolved, torch.dtype) or not resolved.is_floating_point:
+        raise InvalidArgument(f"dtype must be a floating torch dtype or its name, got {dtype!r}")
+    return resolved
+
+
 def greedy_declared_law(target_probs, draft_probs=None, *, posterior_threshold=0.09, posterior_alpha=0.3):
     """Law of one position with a greedy next token: ``q 1[p > thr] + P_q(p <= thr) onehot(argmax p)``; (..., V).
 
@@ -96,6 +114,20 @@ def greedy_declared_law(target_probs, draft_probs=None, *, posterior_threshold=0
     thr = typical_threshold(p, eps=posterior_threshold, delta=posterior_alpha, entropy_offset=ENTROPY_OFFSET)
     accepted = q * (p > thr[..., None])  # (..., V)
     return accepted + (1.0 - accepted.sum(-1, keepdim=True)) * greedy
+
+
+def next_tokens(rows, next_token: str, posterior_threshold: float, posterior_alpha: float, generator):
+    """The token after the accepted prefix, one per row of ``rows`` (B, V): (B,) long.
+
+    ``"greedy"``: ``argmax p``; ``"typical"``: a draw (one uniform per row from ``generator``)
+    from p truncated to ``p >= min(posterior_threshold, posterior_alpha exp(-H(p)))``.
+    Shared by the chain and the tree adapter (:mod:`specverify.adapters.medusa_tree`).
+    """
+    rows = rows.double()  # (B, V)
+    if next_token == "greedy":
+        return rows.argmax(-1)
+    thr = typical_threshold(rows, eps=posterior_threshold, delta=posterior_alpha, entropy_offset=ENTROPY_OFFSET)  # (B,)
+    return sample(torch.where(rows >= thr[:, None], rows, 0.0), generator=generator)
 
 
 class MedusaTypicalVerifier:
@@ -139,10 +171,7 @@ class MedusaTypicalVerifier:
         if next_token not in NEXT_TOKEN:
             raise InvalidArgument(f"next_token must be one of {NEXT_TOKEN}, got {next_token!r}")
         self.next_token = next_token
-        resolved = getattr(torch, str(dtype).removeprefix("torch."), None) if isinstance(dtype, str) else dtype
-        if not isinstance(resolved, torch.dtype) or not resolved.is_floating_point:
-            raise InvalidArgument(f"dtype must be a floating torch dtype or its name, got {dtype!r}")
-        self.dtype = resolved
+        self.dtype = _float_dtype(dtype)
         self.num_threads = None if num_threads is None else check_int("num_threads", num_threads, minimum=1)
         self._evaluate_posterior = _load_evaluate_posterior()
 
@@ -201,14 +230,8 @@ class MedusaTypicalVerifier:
             for b in range(B):
                 lengths[b] = self._accept_length(b, logits[b : b + 1], candidates[b : b + 1], K)
         lengths = lengths.to(device)
-        rows = target_probs[torch.arange(B, device=device), lengths].double()  # (B, V) law after the prefix
-        if self.next_token == "greedy":
-            last = rows.argmax(-1)  # (B,)
-        else:
-            thr = typical_threshold(
-                rows, eps=self.posterior_threshold, delta=self.posterior_alpha, entropy_offset=ENTROPY_OFFSET
-            )  # (B,)
-            last = sample(torch.where(rows >= thr[:, None], rows, 0.0), generator=generator)  # (B,)
+        rows = target_probs[torch.arange(B, device=device), lengths]  # (B, V) law after the prefix
+        last = next_tokens(rows, self.next_token, self.posterior_threshold, self.posterior_alpha, generator)  # (B,)
         tokens = torch.cat([draft_tokens.long(), torch.zeros_like(root)], 1)  # (B, K+1)
         tokens = torch.where(torch.arange(K + 1, device=device)[None] < lengths[:, None], tokens, 0)
         tokens.scatter_(1, lengths[:, None], last[:, None])
@@ -235,3 +258,16 @@ def typical_verifier(
         dtype=dtype,
         num_threads=num_threads,
     )
+
+
+#: Names served by :mod:`specverify.adapters.medusa_tree` (imported on first use: it imports this module).
+_TREE_NAMES = ("MedusaTreeVerifier", "typical_tree_verifier")
+
+
+def __getattr__(name: str):
+    """``specverify.adapters.medusa:MedusaTreeVerifier`` / ``:typical_tree_verifier``: the tree path, lazily."""
+    if name in _TREE_NAMES:
+        from specverify.adapters import medusa_tree
+
+        return getattr(medusa_tree, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

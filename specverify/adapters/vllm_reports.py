@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["CONFIGS", "run_config", "write_readme", "main"]
+__all__ = ["CONFIGS", "run_config", "evidence", "detectable", "write_readme", "main"]
 
 MOD = "specverify.adapters.vllm"
 ONE_HOT = ["--scenario", "pos2_least_likely_k2", "--scenario", "pos256_flat_argmax_k4"]
@@ -146,7 +146,7 @@ def _result_text(r: dict) -> str:
     )
 
 
-def _evidence(report: dict) -> str:
+def evidence(report: dict) -> str:
     """The first implementation error and the flagged statistical test with the smallest adjusted p."""
     parts = []
     if report["errors"]:
@@ -165,7 +165,8 @@ def _evidence(report: dict) -> str:
     return "; ".join(parts)
 
 
-def _detectable(report: dict) -> str:
+def detectable(report: dict) -> str:
+    """The detectable binned TV of a report's tests: median (best, worst), or a dash."""
     tvs = sorted(
         r["mde_tv"] for r in report["results"] if isinstance(r["mde_tv"], float) and math.isfinite(r["mde_tv"])
     )
@@ -189,9 +190,9 @@ def write_readme(out: Path, *, seed: int, tier: str) -> Path:
         secs = rep["timings"].get("total", float("nan"))
         rows.append(
             f"| [`{name}`]({name}/report.md) | {what} | {expected} | **{rep['verdict'].upper()}** | "
-            f"{_detectable(rep)} | {n} | {secs:.0f} s |"
+            f"{detectable(rep)} | {n} | {secs:.0f} s |"
         )
-        lines.append(f"- `{name}`: {_evidence(rep)}\n  `{rep['command']}`")
+        lines.append(f"- `{name}`: {evidence(rep)}\n  `{rep['command']}`")
     from specverify.adapters.vllm_engine import max_conditional_difference
     from specverify.adapters.vllm_readme import TEMPLATE
 

@@ -228,8 +228,33 @@ def audit_argv(args) -> list[str]:
     for flag in ("device", "dtype"):
         if getattr(args, flag, None) is not None:
             argv += ["--" + flag, str(getattr(args, flag))]
+    argv += _parallel_argv(args)
     argv += ["--tier", args.tier, "--seed", str(args.seed), "--alpha", _number(args.alpha)]
     return argv
+
+
+def _parallel_argv(args) -> list[str]:
+    """The sharding flags of a run, when not the defaults (they never change the statistics)."""
+    argv: list[str] = []
+    if getattr(args, "workers", 1) != 1:
+        argv += ["--workers", str(args.workers)]
+    for flag in ("backend", "shards", "ray_address"):
+        if getattr(args, flag, None) is not None:
+            argv += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
+    if getattr(args, "until_decisive", False):
+        argv.append("--until-decisive")
+    return argv
+
+
+def parallel_options(args) -> dict:
+    """``check_verifier``/``check_tree_verifier`` keywords of the sharding flags."""
+    return dict(
+        workers=getattr(args, "workers", 1),
+        backend=getattr(args, "backend", None),
+        shards=getattr(args, "shards", None),
+        ray_address=getattr(args, "ray_address", None),
+        until_decisive=getattr(args, "until_decisive", False),
+    )
 
 
 def audit_command(args) -> str:
@@ -273,6 +298,11 @@ def _validate(args, kind: str) -> None:
         misplaced.append("--target (decoder and drafter audits)")
     if kind != "decoder" and getattr(args, "reference", None):
         misplaced.append("--reference (decoder audits)")
+    flags = [flag for flag in _parallel_argv(args) if flag.startswith("--")]
+    if kind == "drafter" or (kind == "verifier" and getattr(args, "greedy", False)):
+        misplaced += [f"{flag} (sampling verifier, tree-verifier and decoder audits)" for flag in flags]
+    elif kind == "decoder" and getattr(args, "until_decisive", False):
+        misplaced.append("--until-decisive (verifier and tree-verifier audits)")
     if misplaced:
         raise InvalidArgument(f"a {kind} audit does not take " + ", ".join(misplaced))
 
@@ -322,17 +352,21 @@ def run_audit(args, *, progress=None):
             num_samples=args.num_samples,
             max_new_tokens=args.max_new_tokens,
             **common,
+            **{k: v for k, v in parallel_options(args).items() if k != "until_decisive"},
         )
     elif kind == "tree_verifier":
         from specverify.verifier.tree.battery import check_tree_verifier
 
         verify_tree = build_verifier(args.tree_verifier, options["tree_verifier"], role="tree_verifier")
-        report = check_tree_verifier(verify_tree, scenarios=args.scenario, modes=args.mode, **common)
+        report = check_tree_verifier(
+            verify_tree, scenarios=args.scenario, modes=args.mode, **common, **parallel_options(args)
+        )
     else:
         from specverify.verifier.battery import check_verifier
 
         verify = build_verifier(args.verifier, options["verifier"])
-        report = check_verifier(verify, greedy=args.greedy, scenarios=args.scenario, **common)
+        parallel = {} if args.greedy else parallel_options(args)
+        report = check_verifier(verify, greedy=args.greedy, scenarios=args.scenario, **common, **parallel)
     spec = getattr(args, kind)
     named = spec + ("(" + ", ".join(f"{k}={v!r}" for k, v in options[kind].items()) + ")" if options[kind] else "")
     return dataclasses.replace(report, implementation=named, command=audit_command(args))

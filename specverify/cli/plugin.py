@@ -241,7 +241,8 @@ def _run(session: pytest.Session, state: State) -> Outcome:
         verify = _load_verify(s.impl)
         kwargs: dict[str, Any] = dict(tier=s.tier, seed=s.seed, alpha=s.alpha, progress=_progress(session.config))
         kwargs.update({"greedy": True} if s.greedy else {})
-        for key, value in (("device", s.device), ("dtype", s.dtype)):
+        workers = s.workers if s.workers != 1 else None
+        for key, value in (("device", s.device), ("dtype", s.dtype), ("workers", workers), ("backend", s.backend)):
             if value is not None and not _accepts(state.check_verifier, key):
                 raise pytest.UsageError(f"{s.battery}.check_verifier has no {key!r} argument (--specverify-{key})")
             kwargs.update({key: value} if value is not None else {})

@@ -53,6 +53,8 @@ OPTIONS = {
     "report": (None, "DIR", "also write report.json/.md/.html of the run to DIR"),
     "device": (None, "DEVICE", "where the implementation runs: cpu (default), cuda:0, ..."),
     "dtype": (None, "DTYPE", "dtype of the probabilities handed in: float32 (default) | bfloat16 | float16"),
+    "workers": ("1", "N", "run the battery's shards in N worker processes (statistics unchanged; default 1)"),
+    "backend": (None, "BACKEND", "inline | processes (default for N > 1) | ray (a local Ray cluster of N CPUs)"),
     "battery": (
         DEFAULT_BATTERY,
         "MODULE",
@@ -87,6 +89,8 @@ class Settings:
     tree: bool = False
     device: str | None = None
     dtype: str | None = None
+    workers: int = 1
+    backend: str | None = None
 
     def audit_command(self, scenarios=None) -> str:
         """The ``specverify audit`` line of the same run (``scenarios``: the subset that ran, if not all).
@@ -108,6 +112,8 @@ class Settings:
             alpha=self.alpha,
             device=self.device,
             dtype=self.dtype,
+            workers=self.workers,
+            backend=self.backend,
         )
         return audit_command(args)
 
@@ -124,6 +130,8 @@ class Settings:
         parts += ["--specverify-greedy"] if self.greedy else []
         parts += ["--specverify-device", shlex.quote(self.device)] if self.device else []
         parts += ["--specverify-dtype", self.dtype] if self.dtype else []
+        parts += ["--specverify-workers", str(self.workers)] if self.workers != 1 else []
+        parts += ["--specverify-backend", self.backend] if self.backend else []
         default = TREE_BATTERY if self.tree else DEFAULT_BATTERY
         parts += ["--specverify-battery", shlex.quote(self.battery)] if self.battery != default else []
         return " ".join(parts + ["-k", shlex.quote(item_name)])
@@ -184,7 +192,19 @@ def read_settings(config: pytest.Config) -> Settings | None:
         tree=bool(tree_impl),
         device=device,
         dtype=dtype,
+        workers=_number(config, "workers", int, lambda x: x >= 1, "a positive integer"),
+        backend=_backend(_raw(config, "backend")),
     )
+
+
+def _backend(value) -> str | None:
+    if value is None:
+        return None
+    from specverify.shard.backends import BACKENDS
+
+    if value not in BACKENDS:
+        raise pytest.UsageError(f"--specverify-backend must be one of {', '.join(BACKENDS)}, got {value!r}")
+    return str(value)
 
 
 def glob(pattern: str) -> re.Pattern:

@@ -49,6 +49,8 @@ from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.repro import python_repro
 from specverify.core.results import FAIL, Report, TestResult, protocol_result
 from specverify.core.validation import check_int, check_run_options
+from specverify.shard.collect import Parallel, TaskUnits, collect_runs
+from specverify.shard.work import Job
 
 from .exact import ExactPlan, analyse_exact
 from .protocol import (
@@ -166,6 +168,10 @@ def check_decoder(
     num_samples: int | None = None,
     max_new_tokens: int | None = None,
     device=None,
+    workers: int = 1,
+    backend: str | None = None,
+    shards: int | None = None,
+    ray_address: str | None = None,
 ) -> Report:
     """Check that a whole speculative decoder emits exactly its target's (processed) law.
 
@@ -200,6 +206,11 @@ def check_decoder(
         CPU); outputs come back in one transfer per call.  The decoder computes its own
         probabilities, so their dtype is the decoder's (a
         :class:`~specverify.decoder.pipeline.ProtocolDecoder` takes ``device`` and ``dtype``).
+    workers, backend, shards, ray_address : optional
+        Check the prompts in parallel (:mod:`specverify.shard`; one unit per prompt, whose seeds
+        derive from the root seed and its index, so the report is the same): ``workers``
+        local processes, or Ray tasks with ``backend="ray"``.  The decoder and target travel
+        to the workers by pickling.
 
     Returns
     -------
@@ -213,6 +224,7 @@ def check_decoder(
     """
     started = time.perf_counter()
     seed, alpha = check_run_options(tier, TIER_PLANS, seed, alpha, progress)
+    parallel = Parallel(workers, backend, shards, ray_address)
     run = _prepare(decoder, target, reference, greedy, TIER_PLANS[tier], num_samples, max_new_tokens, alpha)
     dev = check_device("device", device)
     if dev.type != "cpu":
@@ -242,6 +254,7 @@ def check_decoder(
                 num_samples=num_samples,
                 max_new_tokens=max_new_tokens,
                 device=None if dev.type == "cpu" else str(dev),
+                **parallel.keywords(),
             ),
         ),
     )
@@ -264,25 +277,33 @@ def check_decoder(
     results: list[TestResult] = []
     errors: list[str] = []
     scenarios, timings, summaries = [], {}, {}
-    tick = ProgressTicker(progress, _STAGES * len(prompt_list))
-    for i, prompt in enumerate(prompt_list):
-        t0 = time.perf_counter()
-        name = f"prompt{i}"
-        scenario = _scenario_record(run, name, prompt, V, k, _prompt_seeds(seed, i, run.mode))
+    records = [
+        _scenario_record(run, f"prompt{i}", p, V, k, _prompt_seeds(seed, i, run.mode))
+        for i, p in enumerate(prompt_list)
+    ]
+    task = PromptTask(run, tuple(prompt_list), tuple(records), ProgressTicker(progress, _STAGES * len(prompt_list)))
+    if parallel.default:
+        outputs = [task(i)[0] for i in range(len(prompt_list))]
+        sharding = None
+    else:  # one unit per prompt: every prompt's seeds derive from (seed, prompt index)
+        collected = collect_runs(
+            Job("task", dataclasses.replace(task, tick=None), tier, seed), [TaskUnits("prompts", len(prompt_list))],
+            tier=tier, shards=parallel.shards, backend=parallel.backend, workers=parallel.workers,
+            retries=parallel.retries, ray_address=parallel.ray_address,
+        )  # fmt: skip
+        outputs, sharding = [output for output, _ in collected.runs["prompts"]], collected.record
+    for (res, error, scenario, summary, secs), record in zip(outputs, records):
+        results += res
+        errors += [error] if error else []
         scenarios.append(scenario)
-        summary: dict = {}
-        try:
-            results += _check_prompt(run, scenario, prompt, summary, tick)
-        except ImplementationError as error:
-            errors.append(f"{name}: {error}")
-            results.append(_protocol_result(name, str(error), scenario["n"]))
-            tick(f"{name}: implementation error", done=_STAGES * (i + 1))
-        timings[name] = time.perf_counter() - t0
-        summaries[name] = summary
+        timings[record["name"]] = secs
+        summaries[record["name"]] = summary
 
     graded, verdict = stats.grade_run(results, errors, alpha=alpha)
     timings["total"] = time.perf_counter() - started
     extra = {"mode": run.mode, "tier_plan": dataclasses.asdict(run.plan), "decoder": summaries}
+    if sharding is not None:
+        extra["sharding"] = sharding
     if dev.type != "cpu":
         extra["device"] = str(dev)
     if reference is not None:
@@ -379,6 +400,29 @@ def _scenario_record(run: _Run, name: str, prompt: torch.Tensor, V, k, seeds: di
     if run.mode == "two_sample":
         scenario["reference_n"] = run.plan.reference_factor * N
     return scenario
+
+
+@dataclass(frozen=True)
+class PromptTask:
+    """One prompt's whole check, runnable in any process: ``task(i) -> ((results, error, scenario, summary,
+    seconds), None)`` (the shard runner's task form; an implementation error is in the output, a finding)."""
+
+    run: _Run
+    prompts: tuple
+    records: tuple
+    tick: Any = None
+
+    def __call__(self, i: int):
+        t0 = time.perf_counter()
+        tick = self.tick or ProgressTicker(None, 0)
+        scenario, summary = dict(self.records[i]), {}
+        name = scenario["name"]
+        try:
+            results, error = _check_prompt(self.run, scenario, self.prompts[i], summary, tick), None
+        except ImplementationError as exc:
+            results, error = [_protocol_result(name, str(exc), scenario["n"])], f"{name}: {exc}"
+            tick(f"{name}: implementation error", done=_STAGES * (i + 1))
+        return (results, error, scenario, summary, time.perf_counter() - t0), None
 
 
 def _check_prompt(run: _Run, scenario: dict, prompt: torch.Tensor, summary: dict, tick) -> list[TestResult]:

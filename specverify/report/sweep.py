@@ -71,9 +71,15 @@ def _position_rows(result) -> tuple[list[str], list[list[str]]]:
 
 
 def _intro(result) -> str:
+    tree = getattr(result, "kind", "chain") == "tree"
+    shape = (
+        f"tree scenario `{result.scenario}` (max depth D={result.k}"
+        if tree
+        else f"scenario `{result.scenario}` (K={result.k}"
+    )
     return (
-        f"{result.subject}: `{result.knob}` swept over {len(result.points)} values on scenario "
-        f"`{result.scenario}` (K={result.k}, tier {result.tier}, seed {result.seed}, the same seed for every "
+        f"{result.subject}: `{result.knob}` swept over {len(result.points)} values on {shape}, tier {result.tier}, "
+        f"seed {result.seed}, the same seed for every "
         f"value). TV is the bias-corrected total-variation distance of the emitted tokens from the target; "
         f"intervals have level {result.level:.0%} per stratum; the mean TV per token has a simultaneous "
         f"(Bonferroni over positions) interval. The point estimate subtracts the plug-in's bias under exact "
@@ -82,6 +88,13 @@ def _intro(result) -> str:
         f"E[tokens per round] / (c K + 1) with a drafter pass costing c = {result.draft_cost:g} target passes. "
         f"`declared` is the exact TV of the law the rule declares; `conformance` grades the samples against "
         f"that law (GOF + support, one error budget)."
+        + (
+            " Tree: the strata `depth=j` are the j-th token a round emits (first per row); tokens per pass = "
+            "mean accepted depth + 1; the cost model charges one drafter pass per depth (c D + 1); no declared "
+            "law is taken (a tree rule's law depends on the whole drafted tree)."
+            if tree
+            else ""
+        )
     )
 
 

@@ -14,6 +14,7 @@ form a prefix of a sequence fixed before the run, whatever the timing.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -23,12 +24,33 @@ from specverify.shard.backends import check_backend, execute
 from specverify.shard.plan import plan_shards
 from specverify.shard.work import GroupOutput, Job, ShardOutput, merge_runs, merge_tree_runs
 
-__all__ = ["BatteryOutcome", "Collected", "Parallel", "collect_runs", "run_battery", "DEFAULT_SHARDS_PER_WORKER"]
+__all__ = [
+    "BatteryOutcome",
+    "Collected",
+    "TaskUnits",
+    "Parallel",
+    "collect_runs",
+    "run_battery",
+    "DEFAULT_SHARDS_PER_WORKER",
+]
 
 #: Shards per worker when the plan is not given (small shards balance load and make a lost worker cheap).
 DEFAULT_SHARDS_PER_WORKER = 4
 #: Most shards of a default plan under anytime stopping (one per group up to this).
 MAX_ANYTIME_SHARDS = 4096
+
+
+@dataclass(frozen=True)
+class TaskUnits:
+    """A scenario-like record for ``Job(kind="task")``: ``groups`` units of equal cost."""
+
+    name: str
+    groups: int
+    batch_size: int = 1
+    length: int = 1
+
+    def num_groups(self, tier: str) -> int:
+        return self.groups
 
 
 @dataclass
@@ -80,8 +102,9 @@ def collect_runs(
             groups[g.scenario].append(g)
             if len(groups[g.scenario]) == wanted[g.scenario]:
                 state["done"] += 1
-                if progress is not None and state["done"] < len(wanted):
-                    progress(state["done"], len(wanted), g.scenario)
+                if progress is not None and state["done"] < len(wanted):  # the next scenario still running
+                    following = next(n for n in wanted if len(groups[n]) < wanted[n])
+                    progress(state["done"], len(wanted), following)
         if stop is None:
             return False
         buffered[output.index] = output
@@ -95,7 +118,8 @@ def collect_runs(
     incidents = execute(
         job, plan, backend=backend, workers=workers, on_output=on_output, retries=retries, ray_address=ray_address
     )
-    merge = merge_runs if job.kind == "verifier" else merge_tree_runs
+    merge = {"verifier": merge_runs, "tree_verifier": merge_tree_runs, "task": list}[job.kind]
+    merge_start = time.perf_counter()
     for name, outputs in groups.items():
         if len(outputs) < wanted[name]:
             continue  # stopped early
@@ -103,7 +127,9 @@ def collect_runs(
         out.seconds[name] = sum(g.seconds for g in outputs)
         out.cpu_seconds[name] = sum(g.cpu_seconds for g in outputs)
         failed = [g.error for g in outputs if g.error is not None]
-        if failed:
+        if job.kind == "task":  # every group's (output, error) as it is: the caller reads them
+            out.runs[name] = [(g.run, g.error) for g in outputs]
+        elif failed:
             out.errors[name] = failed[0]  # the first in group order: the same for every plan
             out.runs[name] = None
         else:
@@ -115,6 +141,7 @@ def collect_runs(
         "processes": len(state["pids"]),
         "incidents": incidents,
         "stopped_early": state["stopped"],
+        "merge_seconds": time.perf_counter() - merge_start,
         "ray_address": ray_address if backend == "ray" else None,
     }
     return out

@@ -27,12 +27,15 @@ from specverify.verifier.harness import HarnessRun
 
 __all__ = ["Job", "GroupOutput", "ShardOutput", "run_shard", "merge_runs", "merge_tree_runs", "KINDS"]
 
-KINDS = ("verifier", "tree_verifier")
+KINDS = ("verifier", "tree_verifier", "task")
 
 
 @dataclass(frozen=True)
 class Job:
     """Everything a worker needs besides its shard (picklable: the implementation by reference).
+
+    ``kind="task"``: ``implementation`` is a picklable callable ``task(group) -> (output, error)``
+    run once per group (the decoder battery's prompts); the scenario's groups are its units.
 
     ``fault`` is a fault-injection hook for drills and tests (``fault(shard_index)`` after
     a shard's first group; see :mod:`specverify.shard.faults`); None in real runs.
@@ -115,6 +118,15 @@ def run_shard(job: Job, shard: Shard) -> ShardOutput:
     start = time.perf_counter()
     outputs: list[GroupOutput] = []
     for item in shard.items:
+        if job.kind == "task":
+            for group in item.groups:
+                t0, c0 = time.perf_counter(), time.process_time()
+                output, error = job.implementation(group)
+                elapsed = time.perf_counter() - t0
+                outputs.append(GroupOutput(item.scenario, group, output, error, elapsed, time.process_time() - c0))
+                if fault is not None and len(outputs) == 1:
+                    fault(shard.index)
+            continue
         scenario = _scenario(job.kind, item.scenario)
         target, drafter = scenario.build()
         for group in item.groups:

@@ -17,6 +17,12 @@ seed, and records per value:
   with the measured acceptance rate per in-block position and a drafter pass costing
   ``c = draft_cost`` target passes).
 
+``kind="tree"`` sweeps a tree verifier (``make_verify(value)`` returns a ``verify_tree``
+callable) over a tree scenario with
+:func:`specverify.verifier.tree.measure.measure_tree_divergence`: the in-round strata are the
+depths ``depth=j``, K is the scenario's maximum depth (the cost model then charges one
+drafter pass per depth), and no declared law is taken.
+
 Every value is measured with the same seed (common random numbers), so differences
 between neighbouring values are not sampling noise of independent runs.  Intervals are
 per stratum at ``level``; the overall one is simultaneous over positions, not over values.
@@ -38,10 +44,12 @@ from specverify.core.validation import check_int
 from specverify.drafter.costmodel import expected_tokens_per_round, speedup
 from specverify.verifier.measure import MeasureResult, measure_divergence
 
-__all__ = ["SweepPoint", "SweepResult", "sweep", "DEFAULT_DRAFT_COST"]
+__all__ = ["SweepPoint", "SweepResult", "sweep", "DEFAULT_DRAFT_COST", "KINDS"]
 
 #: Drafter pass cost in target passes used when none is given (a small head or EAGLE-like drafter).
 DEFAULT_DRAFT_COST = 0.05
+#: What a sweep measures: chain verifiers (:func:`measure_divergence`) or tree verifiers.
+KINDS = ("chain", "tree")
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,7 @@ class SweepResult:
     draft_cost: float
     points: tuple[SweepPoint, ...]
     command: str | None = None  # the command line that regenerates it, when run from the CLI or a script
+    kind: str = "chain"  # "tree": tree verifier over a tree scenario, k = its maximum depth
 
     def to_dict(self) -> dict:
         data = _jsonable(self)
@@ -88,7 +97,7 @@ class SweepResult:
     def summary(self) -> str:
         """Plain-text table: value, mean TV per token with its interval, per-position intervals, tokens per pass, speedup."""
         head = (
-            f"{self.subject}: {self.knob} swept on {self.scenario} (K={self.k}, tier={self.tier}, seed={self.seed}, "
+            f"{self.subject}: {self.knob} swept on {self.scenario} ({'D' if self.kind == 'tree' else 'K'}={self.k}, tier={self.tier}, seed={self.seed}, "
             f"{self.level:.0%} intervals, draft cost {self.draft_cost:g} target passes)"
         )
         lines = [head, f"{'value':>8} {'mean TV/token [interval]':>30} {'declared':>8} {'tok/pass':>8} "
@@ -140,6 +149,7 @@ def sweep(
     length: int | None = None,
     progress: Callable[[str], None] | None = None,
     command: str | None = None,
+    kind: str = "chain",
 ) -> SweepResult:
     """Measure ``make_verify(value)`` for every value: TV with confidence bands vs tokens per pass and speedup.
 
@@ -147,11 +157,14 @@ def sweep(
     ----------
     make_verify : callable
         ``make_verify(value) -> verify``, a chain verifier (protocol of
-        :func:`specverify.verifier.measure.measure_divergence`).
+        :func:`specverify.verifier.measure.measure_divergence`), or with ``kind="tree"`` a
+        tree verifier (:mod:`specverify.verifier.tree.protocol`).
     values : sequence
         Knob values in the order to report them (at least one).
-    scenario : str or Scenario, optional
-        Battery scenario (default :data:`specverify.verifier.measure.DEFAULT_SCENARIO`).
+    scenario : str or Scenario or TreeScenario, optional
+        Battery scenario (default :data:`specverify.verifier.measure.DEFAULT_SCENARIO`; with
+        ``kind="tree"`` a tree scenario, default
+        :data:`specverify.verifier.tree.measure.DEFAULT_TREE_SCENARIO`).
     tier, seed, level, alpha, batch_size, length
         As in :func:`~specverify.verifier.measure.measure_divergence`; the same seed for every value.
     draft_cost : float, default :data:`DEFAULT_DRAFT_COST`
@@ -165,6 +178,9 @@ def sweep(
         Called with one line per measured value.
     command : str, optional
         The command that regenerates this sweep, recorded in the result and its reports.
+    kind : {"chain", "tree"}, default "chain"
+        What ``make_verify`` builds (see the module docstring); a tree sweep takes no
+        ``declared_law`` and no ``alpha`` (there is no conformance test).
 
     Returns
     -------
@@ -185,6 +201,10 @@ def sweep(
         raise InvalidArgument(f"declared_law must be callable (value -> law), got {declared_law!r}")
     if not isinstance(knob, str) or not knob:
         raise InvalidArgument(f"knob must be a non-empty string, got {knob!r}")
+    if kind not in KINDS:
+        raise InvalidArgument(f"kind must be one of {KINDS}, got {kind!r}")
+    if kind == "tree" and declared_law is not None:
+        raise InvalidArgument(f"declared_law applies to chain sweeps, not to kind='tree', got {declared_law!r}")
     seed = check_int("seed", seed, minimum=0)
     draft_cost = _check_draft_cost(draft_cost)
     points = []
@@ -192,6 +212,15 @@ def sweep(
         verify = make_verify(value)
         if not callable(verify):
             raise InvalidArgument(f"make_verify({value!r}) must return a verify callable, got {verify!r}")
+        if kind == "tree":
+            from specverify.verifier.tree.measure import measure_tree_divergence
+
+            result = measure_tree_divergence(
+                verify, scenario=scenario, tier=tier, seed=seed, level=level, batch_size=batch_size, length=length
+            )
+            points.append(_point(value, result, draft_cost))
+            _report(progress, knob, value, result)
+            continue
         law = declared_law(value) if declared_law is not None else getattr(verify, "declared_law", None)
         result = measure_divergence(
             verify,
@@ -204,20 +233,8 @@ def sweep(
             batch_size=batch_size,
             length=length,
         )
-        rates = [0.0 if math.isnan(a) else a for a in result.acceptance_by_block]
-        points.append(
-            SweepPoint(
-                value=value,
-                tokens_per_pass=result.tokens_per_pass,
-                expected_tokens_per_round=expected_tokens_per_round(rates, result.k),
-                speedup=speedup(rates, result.k, draft_cost),
-                measure=result,
-            )
-        )
-        if progress is not None:
-            o = result.overall
-            band = "" if o is None else f" mean TV {o.tv:.4f} [{o.tv_lower:.4f}, {o.tv_upper:.4f}]"
-            progress(f"{knob}={_label(value)}:{band} tokens/pass {result.tokens_per_pass:.3f}")
+        points.append(_point(value, result, draft_cost))
+        _report(progress, knob, value, result)
     first = points[0].measure
     return SweepResult(
         knob=knob,
@@ -230,4 +247,23 @@ def sweep(
         draft_cost=draft_cost,
         points=tuple(points),
         command=command,
+        kind=kind,
     )
+
+
+def _point(value, result: MeasureResult, draft_cost: float) -> SweepPoint:
+    rates = [0.0 if math.isnan(a) else a for a in result.acceptance_by_block]
+    return SweepPoint(
+        value=value,
+        tokens_per_pass=result.tokens_per_pass,
+        expected_tokens_per_round=expected_tokens_per_round(rates, result.k),
+        speedup=speedup(rates, result.k, draft_cost),
+        measure=result,
+    )
+
+
+def _report(progress, knob: str, value, result: MeasureResult) -> None:
+    if progress is not None:
+        o = result.overall
+        band = "" if o is None else f" mean TV {o.tv:.4f} [{o.tv_lower:.4f}, {o.tv_upper:.4f}]"
+        progress(f"{knob}={_label(value)}:{band} tokens/pass {result.tokens_per_pass:.3f}")
