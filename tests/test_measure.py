@@ -274,7 +274,7 @@ def test_cli_measure_tree_verifier_and_decoder(tmp_path, capsys):
         (["--tree-verifier", "reference.tree_rules:verify_tree", "--declared-law", "x:y"], "--declared-law"),
         (["--decoder", "specverify.cli.factories:reference_decoder", "--target",
           "specverify.cli.factories:reference_target", "--prompt", "1,a"], "--prompt"),
-        (["--tree-verifier", "reference.tree_rules:verify_tree", "--sweep", "k=1,2"], "--sweep"),
+        (["--decoder", "specverify.cli.factories:reference_decoder", "--sweep", "k=1,2"], "--sweep"),
     ):  # fmt: skip
         assert measure_cli.run(parser.parse_args(["measure", *argv])) == 2
         assert message in capsys.readouterr().err

@@ -123,9 +123,10 @@ def parse_sweep(text: str) -> tuple[str, list]:
 
 def _command(args) -> str:
     """The canonical command line of a sweep run (recorded in the report)."""
-    words = ["specverify", "measure", "--verifier", args.verifier]
-    for option in args.verifier_option:
-        words += ["--verifier-option", option]
+    role = "tree-verifier" if args.tree_verifier else "verifier"
+    words = ["specverify", "measure", f"--{role}", args.tree_verifier or args.verifier]
+    for option in args.tree_verifier_option if args.tree_verifier else args.verifier_option:
+        words += [f"--{role}-option", option]
     if args.scenario:
         words += ["--scenario", args.scenario]
     words += ["--tier", args.tier, "--seed", str(args.seed), "--level", f"{args.level:g}", "--sweep", args.sweep]
@@ -161,9 +162,11 @@ def run_sweep(args) -> int:
 
     try:
         key, values = parse_sweep(args.sweep)
-        options = dict(parse_options(args.verifier_option, argument="--verifier-option"))
+        role = "tree-verifier" if args.tree_verifier else "verifier"
+        given = args.tree_verifier_option if args.tree_verifier else args.verifier_option
+        options = dict(parse_options(given, argument=f"--{role}-option"))
         if key in options:
-            raise InvalidArgument(f"--sweep {key}=... and --verifier-option {key}=... both set {key}")
+            raise InvalidArgument(f"--sweep {key}=... and --{role}-option {key}=... both set {key}")
         declared = _declared(args)
         declared_law = None
         if declared is not None:
@@ -173,9 +176,23 @@ def run_sweep(args) -> int:
                 extra = {args.declared_sweep_key: value} if args.declared_sweep_key else {}
                 return functools.partial(law, **law_options, **extra)
 
+        if args.tree_verifier:
+            from specverify.cli.audit import build_verifier
+
+            if declared is not None:
+                raise InvalidArgument("--declared-law applies to chain verifiers, not to --tree-verifier")
+
+            def make(value):
+                return build_verifier(args.tree_verifier, {**options, key: value}, role="tree_verifier")
+        else:
+
+            def make(value):
+                return build_verify(args.verifier, {**options, key: value})
+
         result = sweep(
-            lambda value: build_verify(args.verifier, {**options, key: value}),
+            make,
             values,
+            kind="tree" if args.tree_verifier else "chain",
             scenario=args.scenario,
             tier=args.tier,
             seed=args.seed,
@@ -183,7 +200,7 @@ def run_sweep(args) -> int:
             draft_cost=DEFAULT_DRAFT_COST if args.draft_cost is None else args.draft_cost,
             declared_law=declared_law,
             knob=key,
-            subject=args.verifier,
+            subject=args.tree_verifier or args.verifier,
             alpha=args.alpha,
             command=_command(args),
             progress=None if args.json else lambda line: print(line, file=sys.stderr),
@@ -236,8 +253,8 @@ def run(args) -> int:
     """Run ``specverify measure`` for parsed ``args``; returns the exit status."""
 
     if getattr(args, "sweep", None):
-        if not args.verifier:
-            print("specverify: error: --sweep measures a --verifier factory", file=sys.stderr)
+        if args.decoder:
+            print("specverify: error: --sweep measures a --verifier or --tree-verifier factory", file=sys.stderr)
             return EXIT_USAGE
         return run_sweep(args)
     if args.tree_verifier or args.decoder:
