@@ -15,12 +15,10 @@ the rule read from EAGLE's source.  About 3 minutes on 2 busy CPU cores.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
-from specverify.adapters.vllm_reports import detectable, evidence, run_config
+from specverify.adapters.vllm_reports import readme_rows, report_main, write_atomic
 
 __all__ = ["CONFIGS", "write_readme", "main"]
 
@@ -152,18 +150,7 @@ def write_readme(out: Path, *, seed: int, tier: str) -> Path:
     import torch
     import transformers
 
-    rows, lines = [], []
-    for name, expected, what, _ in CONFIGS:
-        path = out / name / "report.json"
-        if not path.exists():
-            continue
-        rep = json.loads(path.read_text())
-        secs = rep["timings"].get("total", float("nan"))
-        rows.append(
-            f"| [`{name}`]({name}/report.md) | {what} | {expected} | **{rep['verdict'].upper()}** | "
-            f"{detectable(rep)} | {len(rep['results'])} | {secs:.0f} s |"
-        )
-        lines.append(f"- `{name}`: {evidence(rep)}\n  `{rep['command']}`")
+    rows, lines = readme_rows(out, [(name, what, expected) for name, expected, what, _ in CONFIGS])
     text = TEMPLATE.format(
         eagle=version("eagle-llm"),
         torch=torch.__version__,
@@ -177,34 +164,12 @@ def write_readme(out: Path, *, seed: int, tier: str) -> Path:
         findings=FINDINGS,
         command=f"python -m specverify.adapters.eagle_reports --out {out} --seed {seed} --tier {tier}",
     )
-    target = out / "README.md"
-    tmp = target.with_suffix(".md.tmp")
-    tmp.write_text(text)
-    tmp.replace(target)
-    return target
+    return write_atomic(out / "README.md", text)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("reports/eagle"))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tier", default="smoke", choices=("smoke", "standard", "deep"))
-    parser.add_argument("--only", action="append", help="run only these configurations (README keeps the others)")
-    parser.add_argument("--readme-only", action="store_true", help="rewrite README.md from existing reports")
-    args = parser.parse_args(argv)
-    known = [c[0] for c in CONFIGS]
-    unknown = [n for n in args.only or () if n not in known]
-    if unknown:
-        parser.error(f"unknown configuration(s) {unknown}; known: {known}")
-    if not args.readme_only:
-        for name, _, _, audit_args in CONFIGS:
-            if args.only and name not in args.only:
-                continue
-            secs = run_config(name, audit_args, out=args.out, seed=args.seed, tier=args.tier)
-            verdict = json.loads((args.out / name / "report.json").read_text())["verdict"]
-            print(f"{name}: {verdict} ({secs:.0f} s)", flush=True)
-    print(write_readme(args.out, seed=args.seed, tier=args.tier))
-    return 0
+    configs = [(name, audit_args) for name, _, _, audit_args in CONFIGS]
+    return report_main(argv, doc=__doc__, default_out="reports/eagle", configs=configs, write_readme=write_readme)
 
 
 if __name__ == "__main__":

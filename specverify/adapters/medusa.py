@@ -130,6 +130,20 @@ def next_tokens(rows, next_token: str, posterior_threshold: float, posterior_alp
     return sample(torch.where(rows >= thr[:, None], rows, 0.0), generator=generator)
 
 
+def typical_options(posterior_threshold, posterior_alpha, temperature, next_token, dtype, num_threads) -> dict:
+    """The checked options shared by the chain and tree adapters (attribute name -> value)."""
+    if next_token not in NEXT_TOKEN:
+        raise InvalidArgument(f"next_token must be one of {NEXT_TOKEN}, got {next_token!r}")
+    return {
+        "posterior_threshold": _positive("posterior_threshold", posterior_threshold),
+        "posterior_alpha": _positive("posterior_alpha", posterior_alpha),
+        "temperature": _positive("temperature", temperature),
+        "next_token": next_token,
+        "dtype": _float_dtype(dtype),
+        "num_threads": None if num_threads is None else check_int("num_threads", num_threads, minimum=1),
+    }
+
+
 class MedusaTypicalVerifier:
     """``medusa.model.utils.evaluate_posterior`` on a one-path tree, behind the chain verifier protocol.
 
@@ -165,14 +179,9 @@ class MedusaTypicalVerifier:
         dtype="float32",
         num_threads: int | None = 1,
     ):
-        self.posterior_threshold = _positive("posterior_threshold", posterior_threshold)
-        self.posterior_alpha = _positive("posterior_alpha", posterior_alpha)
-        self.temperature = _positive("temperature", temperature)
-        if next_token not in NEXT_TOKEN:
-            raise InvalidArgument(f"next_token must be one of {NEXT_TOKEN}, got {next_token!r}")
-        self.next_token = next_token
-        self.dtype = _float_dtype(dtype)
-        self.num_threads = None if num_threads is None else check_int("num_threads", num_threads, minimum=1)
+        vars(self).update(
+            typical_options(posterior_threshold, posterior_alpha, temperature, next_token, dtype, num_threads)
+        )
         self._evaluate_posterior = _load_evaluate_posterior()
 
     def __repr__(self) -> str:

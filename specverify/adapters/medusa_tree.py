@@ -43,15 +43,13 @@ import torch
 from specverify.adapters.medusa import (
     ENTROPY_OFFSET,
     INSTALL,
-    NEXT_TOKEN,
-    _float_dtype,
     _load_evaluate_posterior,
-    _positive,
     next_tokens,
+    typical_options,
 )
 from specverify.adapters.runtime import torch_threads
 from specverify.core.errors import ImplementationError, InvalidArgument
-from specverify.core.validation import check_generator, check_int
+from specverify.core.validation import check_generator
 from specverify.verifier.tree.layouts import eagle_candidates, from_eagle_outputs, to_eagle
 from specverify.verifier.tree.protocol import check_tree_inputs
 
@@ -99,16 +97,12 @@ class MedusaTreeVerifier:
         dtype="float32",
         num_threads: int | None = 1,
     ):
-        self.posterior_threshold = _positive("posterior_threshold", posterior_threshold)
-        self.posterior_alpha = _positive("posterior_alpha", posterior_alpha)
-        self.temperature = _positive("temperature", temperature)
-        if next_token not in NEXT_TOKEN:
-            raise InvalidArgument(f"next_token must be one of {NEXT_TOKEN}, got {next_token!r}")
+        vars(self).update(
+            typical_options(posterior_threshold, posterior_alpha, temperature, next_token, dtype, num_threads)
+        )
         if padding not in PADDING:
             raise InvalidArgument(f"padding must be one of {PADDING}, got {padding!r}")
-        self.next_token, self.padding = next_token, padding
-        self.dtype = _float_dtype(dtype)
-        self.num_threads = None if num_threads is None else check_int("num_threads", num_threads, minimum=1)
+        self.padding = padding
         self._evaluate_posterior = _load_evaluate_posterior()
 
     def __repr__(self) -> str:

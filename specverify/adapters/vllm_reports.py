@@ -23,7 +23,17 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["CONFIGS", "run_config", "evidence", "detectable", "write_readme", "main"]
+__all__ = [
+    "CONFIGS",
+    "run_config",
+    "evidence",
+    "detectable",
+    "readme_rows",
+    "write_atomic",
+    "report_main",
+    "write_readme",
+    "main",
+]
 
 MOD = "specverify.adapters.vllm"
 ONE_HOT = ["--scenario", "pos2_least_likely_k2", "--scenario", "pos256_flat_argmax_k4"]
@@ -180,19 +190,7 @@ def write_readme(out: Path, *, seed: int, tier: str) -> Path:
     import torch
     import vllm
 
-    rows, lines = [], []
-    for name, expected, what, _ in CONFIGS:
-        path = out / name / "report.json"
-        if not path.exists():
-            continue
-        rep = json.loads(path.read_text())
-        n = len(rep["results"])
-        secs = rep["timings"].get("total", float("nan"))
-        rows.append(
-            f"| [`{name}`]({name}/report.md) | {what} | {expected} | **{rep['verdict'].upper()}** | "
-            f"{detectable(rep)} | {n} | {secs:.0f} s |"
-        )
-        lines.append(f"- `{name}`: {evidence(rep)}\n  `{rep['command']}`")
+    rows, lines = readme_rows(out, [(name, what, expected) for name, expected, what, _ in CONFIGS])
     from specverify.adapters.vllm_engine import max_conditional_difference
     from specverify.adapters.vllm_readme import TEMPLATE
 
@@ -210,27 +208,51 @@ def write_readme(out: Path, *, seed: int, tier: str) -> Path:
         max_diff=max_diff,
         command=f"python -m specverify.adapters.vllm_reports --out {out} --seed {seed} --tier {tier}",
     )
-    target = out / "README.md"
-    tmp = target.with_suffix(".md.tmp")
+    return write_atomic(out / "README.md", text)
+
+
+def readme_rows(out: Path, configs) -> tuple[list[str], list[str]]:
+    """The README table rows and evidence lines of the configurations ``(name, what, expected or None)``
+    that have a ``report.json`` under ``out``."""
+    rows, lines = [], []
+    for name, what, expected in configs:
+        path = out / name / "report.json"
+        if not path.exists():
+            continue
+        rep = json.loads(path.read_text())
+        secs = rep["timings"].get("total", float("nan"))
+        middle = f"{what} | {expected} |" if expected is not None else f"{what} |"
+        rows.append(
+            f"| [`{name}`]({name}/report.md) | {middle} **{rep['verdict'].upper()}** | "
+            f"{detectable(rep)} | {len(rep['results'])} | {secs:.0f} s |"
+        )
+        lines.append(f"- `{name}`: {evidence(rep)}\n  `{rep['command']}`")
+    return rows, lines
+
+
+def write_atomic(target: Path, text: str) -> Path:
+    """Write ``text`` to ``target`` through a temporary file (never half-written)."""
+    tmp = target.with_suffix(target.suffix + ".tmp")
     tmp.write_text(text)
     tmp.replace(target)
     return target
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("reports/vllm"))
+def report_main(argv, *, doc: str, default_out: str, configs, write_readme) -> int:
+    """The command line of an engine's report generator: ``configs`` are ``(name, audit args)``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path(default_out))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tier", default="smoke", choices=("smoke", "standard", "deep"))
     parser.add_argument("--only", action="append", help="run only these configurations (README keeps the others)")
     parser.add_argument("--readme-only", action="store_true", help="rewrite README.md from existing reports")
     args = parser.parse_args(argv)
-    known = [c[0] for c in CONFIGS]
+    known = [name for name, _ in configs]
     unknown = [n for n in args.only or () if n not in known]
     if unknown:
         parser.error(f"unknown configuration(s) {unknown}; known: {known}")
     if not args.readme_only:
-        for name, _, _, audit_args in CONFIGS:
+        for name, audit_args in configs:
             if args.only and name not in args.only:
                 continue
             secs = run_config(name, audit_args, out=args.out, seed=args.seed, tier=args.tier)
@@ -238,6 +260,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {verdict} ({secs:.0f} s)", flush=True)
     print(write_readme(args.out, seed=args.seed, tier=args.tier))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    configs = [(name, audit_args) for name, _, _, audit_args in CONFIGS]
+    return report_main(argv, doc=__doc__, default_out="reports/vllm", configs=configs, write_readme=write_readme)
 
 
 if __name__ == "__main__":
