@@ -292,9 +292,9 @@ def check_decoder(
             retries=parallel.retries, ray_address=parallel.ray_address,
         )  # fmt: skip
         outputs, sharding = [output for output, _ in collected.runs["prompts"]], collected.record
-    for (res, error, scenario, summary, secs), record in zip(outputs, records):
+    for (res, failure, scenario, summary, secs), record in zip(outputs, records):
         results += res
-        errors += [error] if error else []
+        errors += [failure] if failure else []
         scenarios.append(scenario)
         timings[record["name"]] = secs
         summaries[record["name"]] = summary
@@ -415,7 +415,7 @@ class PromptTask:
     def __call__(self, i: int):
         t0 = time.perf_counter()
         tick = self.tick or ProgressTicker(None, 0)
-        scenario, summary = dict(self.records[i]), {}
+        scenario, summary = dict(self.records[i]), {}  # type: dict, dict
         name = scenario["name"]
         try:
             results, error = _check_prompt(self.run, scenario, self.prompts[i], summary, tick), None

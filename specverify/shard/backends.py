@@ -23,6 +23,7 @@ run; a shard asks for one GPU when the implementation runs on CUDA).
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -103,7 +104,9 @@ class _Attempts:
     """Per-shard attempt counts and the incident log; raises once a shard's retries are spent."""
 
     def __init__(self, retries: int):
-        self.retries, self.counts, self.incidents = retries, {}, []
+        self.retries = retries
+        self.counts: dict[int, int] = {}
+        self.incidents: list[dict] = []
 
     def failed(self, shard: Shard, error: BaseException) -> None:
         attempt = self.counts.get(shard.index, 0) + 1
@@ -175,11 +178,10 @@ def _ray(job, shards, workers, on_output, retries, address) -> list[dict]:
         raise InvalidArgument(f"backend 'ray' needs Ray: {RAY_INSTALL}") from exc
     started = False
     if not ray.is_initialized():
-        options = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
         if address:
-            ray.init(address=address, **options)
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
         else:
-            ray.init(num_cpus=workers, **options)
+            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
         started = True
     attempts = _Attempts(retries)
     gpus = 1 if str(job.device or "cpu").startswith("cuda") else 0

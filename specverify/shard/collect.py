@@ -54,6 +54,16 @@ class TaskUnits:
 
 
 @dataclass
+class _State:
+    """The driver's bookkeeping while shards arrive."""
+
+    next: int = 0
+    stopped: bool = False
+    done: int = 0
+    pids: set = field(default_factory=set)
+
+
+@dataclass
 class Collected:
     """Merged runs per scenario (None where the implementation failed), errors, timings, the run's record."""
 
@@ -94,25 +104,25 @@ def collect_runs(
     groups: dict[str, list[GroupOutput]] = {name: [] for name in wanted}
     out = Collected()
     buffered: dict[int, ShardOutput] = {}
-    state = {"next": 0, "stopped": False, "done": 0, "pids": set()}
+    state = _State()
 
     def on_output(output: ShardOutput) -> bool:
-        state["pids"].add(output.pid)
+        state.pids.add(output.pid)
         for g in output.groups:
             groups[g.scenario].append(g)
             if len(groups[g.scenario]) == wanted[g.scenario]:
-                state["done"] += 1
-                if progress is not None and state["done"] < len(wanted):  # the next scenario still running
+                state.done += 1
+                if progress is not None and state.done < len(wanted):  # the next scenario still running
                     following = next(n for n in wanted if len(groups[n]) < wanted[n])
-                    progress(state["done"], len(wanted), following)
+                    progress(state.done, len(wanted), following)
         if stop is None:
             return False
         buffered[output.index] = output
-        while state["next"] in buffered:  # plan order
-            if stop(buffered.pop(state["next"])):
-                state["stopped"] = True
+        while state.next in buffered:  # plan order
+            if stop(buffered.pop(state.next)):
+                state.stopped = True
                 return True
-            state["next"] += 1
+            state.next += 1
         return False
 
     incidents = execute(
@@ -138,9 +148,9 @@ def collect_runs(
         "backend": backend,
         "workers": workers,
         "shards": len(plan),
-        "processes": len(state["pids"]),
+        "processes": len(state.pids),
         "incidents": incidents,
-        "stopped_early": state["stopped"],
+        "stopped_early": state.stopped,
         "merge_seconds": time.perf_counter() - merge_start,
         "ray_address": ray_address if backend == "ray" else None,
     }
@@ -219,9 +229,9 @@ def run_battery(job: Job, scenarios: Sequence, *, tier: str, alpha: float, paral
         errors += errs
     extra: dict = {}
     if stopper is None:
-        graded = stats.grade(results, alpha=alpha)
+        graded = list(stats.grade(results, alpha=alpha))
     else:
-        graded = stats.grade(results, alpha=alpha * (1 - SHARE)) if results else []
+        graded = list(stats.grade(results, alpha=alpha * (1 - SHARE))) if results else []
         graded += stats.grade(stopper.results(), alpha=alpha * SHARE)
         planned = sum(s.num_groups(tier) * s.batch_size * s.length for s in scenarios)
         extra["anytime"] = stopper.record(planned)

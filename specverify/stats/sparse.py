@@ -81,12 +81,14 @@ def gof_pair(
     sparse test's name is ``name`` with its ``gof`` suffix replaced by ``sparse``
     (``gof`` -> ``sparse``, ``declared_gof`` -> ``declared_sparse``).
     """
-    labels = dict(alpha=alpha, family=family, scenario=scenario, position=position)
     stem = name[: -len("gof")] if name.endswith("gof") else f"{name}_"
     return [
-        gof_test(counts, expected_probs, name=name, **labels),
-        sparse_test(counts, expected_probs, name=f"{stem}sparse", **labels),
-    ]
+        gof_test(counts, expected_probs, alpha=alpha, name=name, family=family, scenario=scenario, position=position),
+        sparse_test(
+            counts, expected_probs, alpha=alpha, name=f"{stem}sparse", family=family, scenario=scenario,
+            position=position,
+        ),
+    ]  # fmt: skip
 
 
 def sparse_test(
