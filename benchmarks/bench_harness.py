@@ -1,23 +1,30 @@
 """Throughput of the table-model harness (specverify.verifier.harness.run_harness) with the canonical rule.
 
-Prints emitted tokens per second (wall) and per CPU-second (``time.process_time``,
-all threads of this process) for a positional (gather-only) target and a Markov
-target, V=32, K=4, large B, with the verifier called without input validation
-(``check=False``, a trusted hot loop) and with full checks.  Target on 2 CPU
-cores: >= 4 M tokens/s.  The machine is often shared: the load average is printed
-with the numbers; wall time under load says little, CPU time is the robust figure
-(with one thread, tokens per CPU-second is the single-core rate).
+For every drafter of the zoo, on a positional (gather-only) target and a Markov target
+(V=32, K=4, large B), it prints emitted tokens per second (wall) and per CPU-second
+(``time.process_time``, all threads of this process) with the verifier's input checks on
+(``reference.rules.verify``, the default) and off (``check=False``, a trusted hot loop),
+at each requested number of torch intra-op threads.  Target on 2 CPU cores: >= 4 M
+emitted tokens/s for every drafter with checks on.  The machine is often shared: the load
+average is printed with every figure; wall time under load says little, CPU time is the
+more robust figure (with one thread, tokens per CPU-second is the single-core rate; with
+two, it includes OpenMP spinning while a descheduled thread is awaited).
 
-With full checks it runs every drafter of the zoo on both targets and names the slowest;
-``--profile NAME`` prints a cProfile of one run instead.
+``--profile DRAFTER`` prints a cProfile (CPU-time clock) of one checked run instead
+(``--profile-out FILE`` also writes it; ``benchmarks/results/harness_profile_*.txt`` are
+such files).
 
-Run: ``nice python benchmarks/bench_harness.py [--batch 65536] [--threads 2] [--zoo-only] [--profile noisy]``.
+Run: ``nice python benchmarks/bench_harness.py [--threads 1,2] [--batch 65536] [--repeats 3]
+[--targets positional,markov] [--drafters oracle,uniform] [--profile least_likely --profile-target markov]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import os
+import pstats
 import time
 
 import torch
@@ -33,11 +40,23 @@ def fast_verify(target_probs, draft_probs, draft_tokens, *, generator):
     return verify(target_probs, draft_probs, draft_tokens, generator=generator, check=False)
 
 
+VERIFIERS = {"checks on": verify, "checks off": fast_verify}
+
+
 def load() -> str:
     return "load {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
 
-def bench(name, target, drafter, *, batch, length, k, repeats, verifier):
+def make_target(name: str, vocab: int, length: int) -> tables.TableModel:
+    if name == "positional":
+        return tables.positional(vocab, length, "peaked", seed=1)
+    if name == "markov":
+        return tables.markov(vocab, "peaked", seed=2)
+    raise SystemExit(f"--targets: unknown target {name!r} (positional, markov)")
+
+
+def bench(target, drafter, verifier, *, batch, length, k, repeats) -> tuple[float, float, float]:
+    """Best-of-``repeats`` ``(wall tokens/s, tokens/CPU-s, acceptance)`` of one configuration."""
     gen = torch.Generator().manual_seed(0)
     run_harness(verifier, target, drafter, k=k, batch_size=min(batch, 4096), length=length, generator=gen)  # warm-up
     best_wall = best_cpu = float("inf")
@@ -47,13 +66,36 @@ def bench(name, target, drafter, *, batch, length, k, repeats, verifier):
         best_wall = min(best_wall, time.perf_counter() - w0)
         best_cpu = min(best_cpu, time.process_time() - c0)
     acc = run.trial_accepted.double().mean().item()
-    print(
-        f"{name:<36} {run.num_tokens / 1e6:.2f} M tokens, {run.num_calls} calls, acceptance {acc:.3f}: "
-        f"wall {best_wall:.3f} s = {run.num_tokens / best_wall / 1e6:.2f} M tokens/s; "
-        f"CPU {best_cpu:.3f} s = {run.num_tokens / best_cpu / 1e6:.2f} M tokens/CPU-s  [{load()}]",
-        flush=True,
+    return run.num_tokens / best_wall, run.num_tokens / best_cpu, acc
+
+
+def profile(args) -> None:
+    """cProfile one checked run (after a warm-up) and print / write the top entries."""
+    torch.set_num_threads(args.threads[0])
+    target = make_target(args.profile_target, args.vocab, args.length)
+    drafter = zoo.make_drafter(args.profile, target)
+    gen = torch.Generator().manual_seed(0)
+    common = dict(k=args.k, length=args.length, generator=gen)
+    run_harness(verify, target, drafter, batch_size=min(args.batch, 4096), **common)  # warm-up
+    profiler = cProfile.Profile(time.process_time)  # CPU time: a descheduled process is not charged
+    w0, c0 = time.perf_counter(), time.process_time()
+    profiler.enable()
+    run = run_harness(verify, target, drafter, batch_size=args.batch, **common)
+    profiler.disable()
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    out = io.StringIO()
+    out.write(
+        f"PROFILE {args.profile_target} target, {args.profile} drafter, checks on, {torch.get_num_threads()} "
+        f"thread(s), B={args.batch} L={args.length} K={args.k} V={args.vocab}: {run.num_tokens / 1e6:.2f} M tokens, "
+        f"{run.num_calls} calls; wall {wall:.3f} s = {run.num_tokens / wall / 1e6:.2f} M tokens/s; CPU {cpu:.3f} s = "
+        f"{run.num_tokens / cpu / 1e6:.2f} M tokens/CPU-s (profiler overhead included)  [{load()}]\n"
     )
-    return run.num_tokens / best_wall, run.num_tokens / best_cpu
+    for order in ("tottime", "cumulative"):
+        pstats.Stats(profiler, stream=out).strip_dirs().sort_stats(order).print_stats(args.profile_lines)
+    print(out.getvalue())
+    if args.profile_out:
+        with open(args.profile_out, "w") as fh:
+            fh.write(f"torch {torch.__version__}, {os.cpu_count()} CPUs\n" + out.getvalue())
 
 
 def main(argv=None):
@@ -63,50 +105,41 @@ def main(argv=None):
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch intra-op threads (1: serial, the robust setting on a shared machine)",
-    )
-    parser.add_argument("--zoo-only", action="store_true", help="only the full-check runs over the zoo")
-    parser.add_argument("--profile", metavar="DRAFTER", help="cProfile one full-check run (positional target)")
+    parser.add_argument("--threads", default="1,2", help="comma-separated torch intra-op thread counts (default 1,2)")
+    parser.add_argument("--targets", default="positional,markov")
+    parser.add_argument("--drafters", default=",".join(zoo.ZOO), help="comma-separated zoo names (default all)")
+    parser.add_argument("--checks", default="on,off", help="on, off or on,off")
+    parser.add_argument("--profile", metavar="DRAFTER", help="cProfile one checked run instead")
+    parser.add_argument("--profile-target", default="markov")
+    parser.add_argument("--profile-lines", type=int, default=30)
+    parser.add_argument("--profile-out", metavar="FILE", help="also write the profile to FILE")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, B={args.batch} "
-        f"L={args.length} K={args.k} V={args.vocab}, best of {args.repeats}  [{load()}]"
-    )
-    V = args.vocab
-    pos = tables.positional(V, args.length, "peaked", seed=1)
-    mk = tables.markov(V, "peaked", seed=2)
-    common = dict(batch=args.batch, length=args.length, k=args.k, repeats=args.repeats)
+    args.threads = [int(t) for t in args.threads.split(",")]
     if args.profile:
-        import cProfile
-        import pstats
-
-        profiler = cProfile.Profile()
-        profiler.enable()
-        bench(
-            f"PROFILE positional, {args.profile}", pos, zoo.make_drafter(args.profile, pos), verifier=verify, **common
-        )
-        profiler.disable()
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
-        return
-    if not args.zoo_only:
-        print("-- reference.rules.verify (check=False)")
-        bench("positional target, noisy drafter", pos, zoo.noisy(pos, 0.5), verifier=fast_verify, **common)
-        bench("positional target, uniform drafter", pos, zoo.uniform(pos), verifier=fast_verify, **common)
-        bench("markov target, temperature drafter", mk, zoo.temperature(mk, 1.5), verifier=fast_verify, **common)
-    print("-- reference.rules.verify (full checks), every zoo drafter")
-    rates = {}
-    for target_name, target in (("positional", pos), ("markov", mk)):
-        for name in zoo.ZOO:
-            wall, cpu = bench(f"{target_name} target, {name} drafter", target, zoo.make_drafter(name, target),
-                              verifier=verify, **common)  # fmt: skip
-            rates[f"{target_name}/{name}"] = cpu
-    worst = min(rates, key=rates.get)
-    print(f"slowest: {worst} at {rates[worst] / 1e6:.2f} M tokens/CPU-s  [{load()}]")
+        return profile(args)
+    print(
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs, B={args.batch} L={args.length} K={args.k} "
+        f"V={args.vocab}, best of {args.repeats}; M tokens/s wall | M tokens/CPU-s  [{load()}]",
+        flush=True,
+    )
+    checks = [f"checks {c}" for c in args.checks.split(",")]
+    common = dict(batch=args.batch, length=args.length, k=args.k, repeats=args.repeats)
+    slowest: dict[tuple[int, str], tuple[float, str]] = {}
+    for target_name in args.targets.split(","):
+        target = make_target(target_name, args.vocab, args.length)
+        for name in args.drafters.split(","):
+            drafter = zoo.make_drafter(name, target)
+            cells, acc = [], 0.0
+            for threads in args.threads:
+                torch.set_num_threads(threads)
+                for check in checks:
+                    wall, cpu, acc = bench(target, drafter, VERIFIERS[check], **common)
+                    cells.append(f"{threads}t {check[7:]:>3}: {wall / 1e6:5.2f} | {cpu / 1e6:5.2f}")
+                    key = (threads, check)
+                    slowest[key] = min(slowest.get(key, (float("inf"), "")), (wall, f"{target_name}/{name}"))
+            print(f"{target_name + '/' + name:<28} acc {acc:.3f}  " + "   ".join(cells) + f"  [{load()}]", flush=True)
+    for (threads, check), (wall, where) in sorted(slowest.items()):
+        print(f"slowest, {threads} thread(s), {check}: {where} at {wall / 1e6:.2f} M tokens/s wall")
 
 
 if __name__ == "__main__":

@@ -20,15 +20,15 @@ import torch
 from specverify.core.errors import InvalidArgument
 from specverify.core.validation import check_generator, check_probs
 
-__all__ = ["sample", "uniform", "inverse_cdf", "chunk_rows"]
+__all__ = ["sample", "uniform", "inverse_cdf", "search_cdf", "chunk_rows"]
 
-#: Row-wise work on CPU runs in chunks of about this many elements: each chunk's float64
-#: CDF stays in cache, and every op on a chunk is below ATen's parallel grain sizes
-#: (cumsum: 32768 elements, searchsorted: 200 rows), so it runs serially.  Many small
-#: *parallel* regions are disastrous on a loaded machine (each waits for a descheduled
-#: OpenMP thread); few large ones over the whole tensor are 3x slower than cached
+#: Row-wise work on CPU runs in chunks of at most this many elements: each chunk's float64
+#: CDF stays in cache (256 KiB), and every elementwise op and reduction on a chunk is below
+#: ATen's parallel grain size (32768 elements), so it runs serially.  Many small *parallel*
+#: regions are disastrous on a loaded machine (each waits for a descheduled OpenMP thread:
+#: ~1 ms instead of ~10 us); few large ones over the whole tensor are 3x slower than cached
 #: serial chunks at V=32.  Other devices process all rows at once.
-CPU_CHUNK_ELEMENTS = 1 << 14
+CPU_CHUNK_ELEMENTS = (1 << 15) - 1
 #: With a single intra-op thread no op can start a parallel region, and chunks this many
 #: times larger (still cache-resident) halve the per-op overhead.
 SINGLE_THREAD_CHUNK_FACTOR = 4
@@ -43,8 +43,22 @@ def chunk_rows(num_rows: int, vocab_size: int, device) -> int:
     """Rows per chunk for row-wise work on ``device`` (all rows off the CPU)."""
     if torch.device(device).type != "cpu":
         return max(1, num_rows)
-    elements = CPU_CHUNK_ELEMENTS * (SINGLE_THREAD_CHUNK_FACTOR if torch.get_num_threads() == 1 else 1)
+    elements = (
+        CPU_CHUNK_ELEMENTS if torch.get_num_threads() > 1 else (CPU_CHUNK_ELEMENTS + 1) * SINGLE_THREAD_CHUNK_FACTOR
+    )
     return max(1, min(num_rows, elements // max(1, vocab_size)))
+
+
+def search_cdf(cdf: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``#{j : cdf[n, j] <= x[n]}`` per row of a non-decreasing ``cdf`` (N, V), x (N, 1): (N,) long.
+
+    That is ``searchsorted(cdf, x, right=True)``, used as such where it cannot start a
+    parallel region (one intra-op thread, at most 128 rows, or another device; its grain is
+    200 rows); otherwise the count, a serial reduction on a cache-sized chunk (4x slower).
+    """
+    if cdf.device.type == "cpu" and cdf.shape[0] > 128 and torch.get_num_threads() > 1:
+        return (cdf <= x).sum(-1)  # (N,)
+    return torch.searchsorted(cdf, x, right=True).squeeze(-1)  # (N,)
 
 
 def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,11 +74,7 @@ def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, t
     # u * total < total except when the product rounds up; capping at the largest float64
     # below total keeps the search inside the support without a host sync.
     x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))  # (N, 1)
-    if weights.device.type == "cpu" and weights.shape[0] > 128:
-        # Counting CDF values <= x is searchsorted(right=True) on a non-decreasing row, and
-        # stays serial on small chunks where searchsorted would start a parallel region.
-        return (cdf <= x).sum(-1), total  # (N,), (N, 1)
-    return torch.searchsorted(cdf, x, right=True).squeeze(-1), total  # (N,), (N, 1)
+    return search_cdf(cdf, x), total  # (N,), (N, 1)
 
 
 def sample(probs: torch.Tensor, *, generator: torch.Generator, check: bool = True) -> torch.Tensor:

@@ -45,8 +45,9 @@ def validate_verifier_output(output, draft_tokens: torch.Tensor, vocab_size: int
     in [1, K+1]; emitted token ids in [0, V); the emitted draft prefix (positions
     < num_emitted - 1) equal to the drafted tokens.  Entries past ``num_emitted``
     are ignored, as the protocol says.  The checks run on the device of
-    ``draft_tokens`` (one host sync); the validated pair is copied to the CPU in one
-    transfer.
+    ``draft_tokens`` (one host sync): a few fused reductions decide that valid output is
+    valid, and only output they cannot clear is checked entry by entry; the validated
+    pair is copied to the CPU in one transfer.
 
     Raises
     ------
@@ -59,38 +60,63 @@ def validate_verifier_output(output, draft_tokens: torch.Tensor, vocab_size: int
     device = draft_tokens.device
     tokens = _as_long("tokens", output[0], (B, K + 1), device)
     num_emitted = _as_long("num_emitted", output[1], (B,), device)
-    j = torch.arange(K + 1, device=device)  # (K+1,)
-    bad_n = (num_emitted < 1) | (num_emitted > K + 1)  # (B,)
-    emitted = j[None] < num_emitted[:, None]  # (B, K+1)
-    bad_tok = emitted & ((tokens < 0) | (tokens >= vocab_size))  # (B, K+1)
-    bad_prefix = (j[None, :K] < (num_emitted[:, None] - 1)) & (tokens[:, :K] != draft_tokens)  # (B, K)
-    if device.type != "cpu":  # one transfer: the pair and the three flags
-        flags = torch.stack([bad_n.any(), bad_tok.any(), bad_prefix.any()]).long()  # (3,)
-        packed = torch.cat([tokens.reshape(-1), num_emitted, flags]).cpu()  # (B*(K+1) + B + 3,)
+    if B == 0:
+        return tokens.cpu(), num_emitted.cpu()
+    suspect = _suspect(tokens, num_emitted, draft_tokens, vocab_size)  # (,) bool
+    if device.type != "cpu":  # one transfer: the pair and the flag
+        packed = torch.cat([tokens.reshape(-1), num_emitted, suspect.long()[None]]).cpu()  # (B*(K+1) + B + 1,)
         n_tok = B * (K + 1)
         tokens, num_emitted = packed[:n_tok].view(B, K + 1), packed[n_tok : n_tok + B]
-        if not bool(packed[n_tok + B :].any()):
+        if not bool(packed[-1]):
             return tokens, num_emitted
-        bad_n, bad_tok, bad_prefix, draft_tokens = bad_n.cpu(), bad_tok.cpu(), bad_prefix.cpu(), draft_tokens.cpu()
-    elif not bool(bad_n.any() | bad_tok.any() | bad_prefix.any()):
+        draft_tokens = draft_tokens.cpu()
+    elif not bool(suspect):
         return tokens, num_emitted
+    _raise_first_violation(tokens, num_emitted, draft_tokens, vocab_size)
+    return tokens, num_emitted  # only ignored entries (past num_emitted) were out of the vocabulary
+
+
+def _suspect(tokens, num_emitted, draft_tokens, vocab_size: int) -> torch.Tensor:
+    """0-dim bool: False when the output certainly satisfies the protocol (no host sync).
+
+    ``num_emitted`` in [1, K+1], every entry of ``tokens`` (ignored ones too) in [0, V) and the
+    emitted draft prefix equal to the drafts; True sends the output to the exact checks of
+    :func:`_raise_first_violation` (an out-of-vocabulary entry past ``num_emitted`` is legal).
+    """
+    B, K = draft_tokens.shape
+    n_low, n_high = torch.aminmax(num_emitted)
+    t_low, t_high = torch.aminmax(tokens)
+    j = torch.arange(K, device=tokens.device)  # (K,)
+    bad_prefix = (j < (num_emitted[:, None] - 1)) & (tokens[:, :K] != draft_tokens)  # (B, K)
+    return (n_low < 1) | (n_high > K + 1) | (t_low < 0) | (t_high >= vocab_size) | bad_prefix.any()
+
+
+def _raise_first_violation(tokens, num_emitted, draft_tokens, vocab_size: int) -> None:
+    """Raise :class:`ImplementationError` for the first protocol violation, if any (CPU tensors)."""
+    B, K = draft_tokens.shape
+    j = torch.arange(K + 1)  # (K+1,)
+    bad_n = (num_emitted < 1) | (num_emitted > K + 1)  # (B,)
     if bool(bad_n.any()):
         b = int(bad_n.nonzero()[0])
         raise ImplementationError(
             f"row {b}: num_emitted = {int(num_emitted[b])} outside [1, K+1] = [1, {K + 1}]", row=b
         )
+    emitted = j[None] < num_emitted[:, None]  # (B, K+1)
+    bad_tok = emitted & ((tokens < 0) | (tokens >= vocab_size))  # (B, K+1)
     if bool(bad_tok.any()):
         b, i = (int(v) for v in bad_tok.nonzero()[0])
         raise ImplementationError(
             f"row {b}: emitted token {int(tokens[b, i])} at in-block position {i + 1} is outside the vocabulary [0, {vocab_size})",
             row=b,
         )
-    b, i = (int(v) for v in bad_prefix.nonzero()[0])
-    raise ImplementationError(
-        f"row {b}: emitted token {int(tokens[b, i])} at in-block position {i + 1} differs from the accepted draft "
-        f"{int(draft_tokens[b, i])} (num_emitted = {int(num_emitted[b])}: positions before the last must be drafts)",
-        row=b,
-    )
+    bad_prefix = (j[None, :K] < (num_emitted[:, None] - 1)) & (tokens[:, :K] != draft_tokens)  # (B, K)
+    if bool(bad_prefix.any()):
+        b, i = (int(v) for v in bad_prefix.nonzero()[0])
+        raise ImplementationError(
+            f"row {b}: emitted token {int(tokens[b, i])} at in-block position {i + 1} differs from the accepted draft "
+            f"{int(draft_tokens[b, i])} (num_emitted = {int(num_emitted[b])}: positions before the last must be drafts)",
+            row=b,
+        )
 
 
 def call_verifier(verify, target_probs, draft_probs, draft_tokens, *, generator):

@@ -34,7 +34,8 @@ from specverify.core.devices import check_device, check_prob_dtype
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.tables import TableModel
 from specverify.core.validation import check_generator, check_int
-from specverify.verifier.harness import HarnessRun, _Group, collect_run
+from specverify.verifier.harness import HarnessRun, collect_run
+from specverify.verifier.rounds import _Group
 from specverify.verifier.tree.drafting import TreeDrafting, draft_trees
 from specverify.verifier.tree.exact import node_law
 from specverify.verifier.tree.protocol import TreeBatch, call_tree_verifier, children_table, draw_uniforms
@@ -174,8 +175,8 @@ def run_tree_harness(
             emitted = torch.zeros(out.emitted.shape[0], K + 1, dtype=torch.long)  # (b, K+1)
             emitted[:, : out.emitted.shape[1]] = out.emitted
             # the q the emitted token competed with: the slot's draft row (none at a leaf or for target-only rules)
-            law_dctx = torch.where(has_kids, dctx, -1) if spec.mode != "any" else torch.full_like(dctx, -1)
-            group.append(emitted, out.num_emitted, tctx, dctx, law_contexts=law_dctx)
+            has_law = has_kids if spec.mode != "any" else torch.zeros_like(has_kids)  # (b, K+1)
+            group.append(emitted, out.num_emitted, tctx, dctx, has_law=has_law)
         groups.append(group)
     run = collect_run(groups, trial_pos, trial_prob, trial_acc, K, B, L, num_calls, start)
     return TreeHarnessRun(run, torch.cat(depths), torch.cat(root_t), torch.cat(root_d), N)

@@ -1,0 +1,310 @@
+"""One round of the table-model harness, piece by piece: drafting, contexts, trials, buffers.
+
+:func:`~specverify.verifier.harness.run_harness` drives the rounds; this module holds what a
+round does besides calling the verifier, each piece as vectorised gathers over the unfinished
+rows (no Python loop over rows):
+
+* :class:`_ContextSampler` draws drafts exactly from a table's float64 CDFs (guide table);
+* :class:`_Transitions` moves table-model contexts on by one gather (``next_context``
+  precomputed), and whole blocks at once for token-independent models;
+* :class:`_Trials` records the acceptance trials of a round, with their exact acceptance
+  probabilities (:func:`acceptance_overlap`);
+* :class:`_Group` writes the emitted tokens of a group of rows and rebuilds the per-token
+  contexts once at the end.
+
+Each piece computes exactly what its plain formulation would (the harness' outputs are
+bit-identical to the row-by-row definitions); ``tests/verifier/test_harness_fast_paths.py``
+checks the equivalences that are not plain rewrites.
+
+Shapes: b unfinished rows, K draft length, V vocabulary, L sequence length, C contexts.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from reference.sampling import chunk_rows, search_cdf, uniform
+from specverify.core.tables import TableModel
+
+__all__ = ["acceptance_overlap", "OVERLAP_CELLS"]
+
+#: Largest C_target * C_draft * V for which the acceptance-probability table is precomputed.
+OVERLAP_CELLS = 1 << 25
+
+
+class _ContextSampler:
+    """:func:`~specverify.verifier.harness.sample_contexts` for one CDF table, with per-context work done once.
+
+    A draw with uniform ``u`` in context ``c`` returns ``#{j : cdf[c, j] <= x}`` with
+    ``x = min(u * total[c], nextafter(total[c], 0))`` (``searchsorted(right=True)`` on a
+    non-decreasing row).  That token is non-decreasing in ``u``, so on a *guide table*
+    (Chen & Asau 1974) of ``G`` (a power of two) equal slices of [0, 1) per context it is
+    constant on every slice whose two ends give the same token: those draws are one
+    lookup at ``floor(u * G)`` (exact, as ``u * G`` is).  The other draws (at most V - 1
+    slices per context hold a CDF step) gather their CDF rows and count, in cache-sized
+    chunks.  Either way the token is exactly that of the formula above.
+    """
+
+    #: Slices per vocabulary entry (at most 1/16 of the u-mass then falls on ambiguous slices).
+    SLICES_PER_TOKEN = 16
+    #: Largest guide table (entries) and largest precomputation (contexts x slices x V).
+    MAX_GUIDE, MAX_GUIDE_WORK = 1 << 22, 1 << 27
+
+    def __init__(self, cdf_table: torch.Tensor):
+        self.cdf = cdf_table.contiguous()  # (C, V) float64
+        C, V = self.cdf.shape
+        total = self.cdf[:, -1]  # (C,)
+        self.total = total
+        self.cap = torch.nextafter(total, torch.zeros_like(total))  # (C,) largest float64 below the total
+        slices = 1 << max(8, (self.SLICES_PER_TOKEN * V - 1).bit_length())
+        self.slices = slices
+        self.guide = None
+        if C * slices <= self.MAX_GUIDE and C * slices * V <= self.MAX_GUIDE_WORK:
+            edges = torch.arange(slices + 1, dtype=torch.float64) / slices  # (G+1,) exact
+            u_low = edges[:-1].repeat(C)  # (C*G,) first u of each slice
+            u_high = torch.nextafter(edges[1:], torch.zeros(())).repeat(C)  # (C*G,) last u of each slice
+            ctx = torch.arange(C).repeat_interleave(slices)  # (C*G,)
+            low, high = self._exact(ctx, u_low), self._exact(ctx, u_high)  # (C*G,)
+            self.guide = torch.where(low == high, low, -1)  # (C*G,) the token, or -1: ambiguous slice
+
+    def _exact(self, contexts: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """Token ``#{j : cdf[c, j] <= x}`` per draw (contexts (n,), u (n,) float64)."""
+        n, V = contexts.numel(), self.cdf.shape[1]
+        x = torch.minimum(u * self.total[contexts], self.cap[contexts])  # (n,)
+        out = torch.empty(n, dtype=torch.long)  # (n,)
+        step = chunk_rows(n, V, "cpu")
+        for start in range(0, n, step):
+            stop = min(start + step, n)
+            rows = self.cdf.index_select(0, contexts[start:stop])  # (m, V) cached chunk
+            out[start:stop] = search_cdf(rows, x[start:stop, None])
+        return out
+
+    def __call__(self, contexts: torch.Tensor, *, generator: torch.Generator) -> torch.Tensor:
+        u = uniform((*contexts.shape, 1), generator=generator).view(-1)  # (n,) one uniform per draw
+        return self.draw(contexts.reshape(-1), u).view(contexts.shape)
+
+    def slice_of(self, u: torch.Tensor) -> torch.Tensor | None:
+        """``floor(u * G)`` (exact) of uniforms of any shape, or None without a guide table."""
+        return None if self.guide is None else (u * self.slices).long()
+
+    def draw(self, contexts: torch.Tensor, u: torch.Tensor, slices: torch.Tensor | None = None) -> torch.Tensor:
+        """The tokens of contexts (n,) for the uniforms u (n,) float64; ``slices``: their :meth:`slice_of`."""
+        if self.guide is None:
+            return self._exact(contexts, u)
+        if slices is None:
+            slices = (u * self.slices).long()  # (n,) floor(u * G), exact
+        tokens = self.guide.index_select(0, torch.add(slices, contexts, alpha=self.slices))  # (n,)
+        ambiguous = (tokens < 0).nonzero().squeeze(1)  # (a,)
+        if ambiguous.numel():
+            tokens[ambiguous] = self._exact(contexts[ambiguous], u[ambiguous])
+        return tokens
+
+
+def acceptance_overlap(target: TableModel, drafter: TableModel) -> torch.Tensor | None:
+    """``(C_target, C_draft)`` table of ``sum_x min(p, q)``, or None when too large to precompute."""
+    Ct, Cd, V = target.num_contexts, drafter.num_contexts, target.vocab_size
+    if Ct * Cd * V > OVERLAP_CELLS:
+        return None
+    out = torch.empty(Ct, Cd, dtype=torch.float64)
+    step = max(1, OVERLAP_CELLS // max(1, Cd * V * 8))
+    for s in range(0, Ct, step):
+        out[s : s + step] = torch.minimum(target.table[s : s + step, None], drafter.table[None]).sum(-1)
+    return out
+
+
+def _overlap_rows(target_table, draft_table, target_contexts, draft_contexts) -> torch.Tensor:
+    """``sum_x min(p, q)`` per (target context, drafter context) pair, in cache-sized chunks: (T,) float64."""
+    T, V = target_contexts.numel(), target_table.shape[1]
+    out = torch.empty(T, dtype=torch.float64)  # (T,)
+    step = chunk_rows(T, V, "cpu")
+    for start in range(0, T, step):
+        stop = min(start + step, T)
+        rows = torch.minimum(
+            target_table[target_contexts[start:stop]], draft_table[draft_contexts[start:stop]]
+        )  # (m, V)
+        torch.sum(rows, -1, out=out[start:stop])
+    return out
+
+
+class _Transitions:
+    """``model.next_context`` as one gather from its precomputed ``(C*V,)`` table (when small).
+
+    The table holds ``next_context(c, x)`` for every context c and token x, so a lookup
+    returns exactly what the model computes; token-independent models (a clamp) and large
+    tables call the model.
+    """
+
+    MAX_CELLS = 1 << 22
+
+    def __init__(self, model: TableModel, K: int):
+        self.model = model
+        self.token_independent = model.token_independent
+        C, V = model.num_contexts, model.vocab_size
+        self.V = V
+        self.table = self.advance = None
+        if not model.token_independent and C * V <= self.MAX_CELLS:
+            contexts = torch.arange(C).repeat_interleave(V)  # (C*V,)
+            self.table = model.next_context(contexts, torch.arange(V).repeat(C)).contiguous()  # (C*V,)
+        if model.token_independent and C * (K + 1) <= self.MAX_CELLS:
+            advance = torch.empty(C, K + 1, dtype=torch.long)  # (C, K+1) context after i steps from c
+            advance[:, 0] = torch.arange(C)
+            for i in range(K):
+                advance[:, i + 1] = model.next_context(advance[:, i], advance[:, i])
+            self.advance = advance
+
+    def __call__(self, contexts: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Context after ``tokens`` (n,) from ``contexts`` (n,); tokens in [0, V)."""
+        if self.table is None:
+            return self.model.next_context(contexts, tokens)
+        return self.table.index_select(0, torch.add(tokens, contexts, alpha=self.V))  # (n,)
+
+    def block(self, start: torch.Tensor, K: int) -> torch.Tensor:
+        """Token-independent models: the contexts before K+1 positions from ``start`` (b,): (b, K+1)."""
+        if self.advance is not None:
+            return self.advance.index_select(0, start)  # (b, K+1)
+        out = torch.empty(start.numel(), K + 1, dtype=torch.long)  # (b, K+1)
+        out[:, 0] = start
+        for i in range(K):
+            out[:, i + 1] = self.model.next_context(out[:, i], out[:, i])
+        return out
+
+
+def _draft_block(step: _Transitions, draft_sampler, dcur: torch.Tensor, K: int, generator) -> tuple:
+    """K drafts per row drawn exactly from the drafter table; ``(drafts (b, K), dctx (b, K+1))``.
+
+    ``dctx[:, i]`` is the drafter's context before position i (the last one, after the
+    K-th draft, is where the next round starts if every draft is accepted).
+    """
+    if step.token_independent:
+        dctx = step.block(dcur, K)  # (b, K+1)
+        return draft_sampler(dctx[:, :K], generator=generator), dctx  # (b, K)
+    b = dcur.numel()
+    # The K positions' uniforms in one call: the generator's stream is consumed in order, so
+    # row i is what the i-th of K calls drawing b uniforms each would get (tested).
+    u = uniform((K, b), generator=generator)  # (K, b)
+    slices = draft_sampler.slice_of(u)  # (K, b) or None
+    by_position = torch.empty(2 * K + 1, b, dtype=torch.long)  # (2K+1, b): K+1 contexts, then K drafts
+    contexts, drafts = by_position[: K + 1], by_position[K + 1 :]  # (K+1, b), (K, b)
+    contexts[0] = dcur
+    for i in range(K):
+        drafts[i] = draft_sampler.draw(contexts[i], u[i], None if slices is None else slices[i])
+        contexts[i + 1] = step(contexts[i], drafts[i])
+    return drafts.t().contiguous(), contexts.t()  # (b, K), (b, K+1) a transposed view
+
+
+def _target_contexts(step: _Transitions, tcur: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+    """The target's context before each of the K+1 positions of the drafted block; (b, K+1)."""
+    b, K = drafts.shape
+    if step.token_independent:
+        return step.block(tcur, K)  # (b, K+1)
+    tctx = torch.empty(b, K + 1, dtype=torch.long)  # (b, K+1)
+    tctx[:, 0] = tcur
+    for i in range(K):
+        tctx[:, i + 1] = step(tctx[:, i], drafts[:, i])
+    return tctx
+
+
+class _Trials:
+    """Acceptance trials of every round: in-block position, exact accept probability, outcome."""
+
+    def __init__(self, target: TableModel, drafter: TableModel, K: int):
+        self.target, self.drafter, self.K = target, drafter, K
+        overlap = acceptance_overlap(target, drafter)  # (Ct, Cd) or None
+        self.overlap_flat = overlap.view(-1) if overlap is not None else None  # (Ct*Cd,)
+        self.ar = torch.arange(K)  # (K,)
+        self.positions: list[torch.Tensor] = []
+        self.accept_probs: list[torch.Tensor] = []
+        self.accepted: list[torch.Tensor] = []
+
+    def record(self, tokens, num_emitted, drafts, tctx, dctx) -> None:
+        """The trials of one round: a draft reached verification unless an earlier one was rejected."""
+        K = self.K
+        last_j = (num_emitted - 1)[:, None]  # (b, 1)
+        last = tokens.gather(1, last_j).squeeze(1)  # (b,)
+        last_draft = drafts.gather(1, last_j.clamp(max=K - 1)).squeeze(1)  # (b,)
+        corrected = (num_emitted > K) | (last != last_draft)  # (b,) a bonus or a correction ends the block
+        accepted_n = num_emitted - corrected.long()  # (b,)
+        trials_n = num_emitted.clamp(max=K)  # (b,) K after a bonus, else num_emitted
+        # flat indices (row-major) of the trials: the first trials_n[b] positions of row b
+        trial_at = (self.ar < trials_n[:, None]).view(-1).nonzero().squeeze(1)  # (T,)
+        trial_j = trial_at % K  # (T,) in-block position - 1
+        self.positions.append(trial_j + 1)
+        self.accepted.append(trial_j < accepted_n.index_select(0, trial_at // K))
+        if self.overlap_flat is not None:
+            pair = torch.add(dctx[:, :K], tctx[:, :K], alpha=self.drafter.num_contexts)  # (b, K)
+            self.accept_probs.append(self.overlap_flat.index_select(0, pair.reshape(-1).index_select(0, trial_at)))
+        else:
+            trial_tctx = tctx[:, :K].reshape(-1).index_select(0, trial_at)  # (T,)
+            trial_dctx = dctx[:, :K].reshape(-1).index_select(0, trial_at)  # (T,)
+            self.accept_probs.append(_overlap_rows(self.target.table, self.drafter.table, trial_tctx, trial_dctx))
+
+
+class _Group:
+    """One group of B rows decoded to length L: the emitted tokens and the state of unfinished rows.
+
+    A round writes each row's (K+1)-block from the row's length on; entries past num_emitted
+    are overwritten by the next round or cut at L, so every position < L ends up holding an
+    emitted token and the buffer needs no initialisation.  Each token is packed with a code:
+    its in-block position j (0..K), plus K+1 when the position has no draft law.  The target
+    and drafter contexts of a token are functions of the row's earlier tokens (the models are
+    finite-state machines, and an emitted block's tokens before the last are its drafts), so
+    :meth:`columns` recomputes them once, L steps over the rows, instead of writing them
+    every round.
+    """
+
+    def __init__(self, target: TableModel, drafter: TableModel, B: int, L: int, K: int, steps=None):
+        self.target, self.drafter, self.K = target, drafter, K
+        self.steps = steps or (_Transitions(target, K), _Transitions(drafter, K))
+        self.W = L + K + 1
+        self.L = L
+        self.shift = (2 * K + 1).bit_length()  # bits of a code in [0, 2K+1]
+        self.packed = torch.empty(B, self.W, dtype=torch.long)  # (B, W) token << shift | code
+        self.ar = torch.arange(K + 1)  # (K+1,)
+        self.bonus_codes = torch.where(self.ar < K, self.ar, self.ar + K + 1)  # (K+1,) no draft law at K+1
+        # State of the unfinished rows only (kept compact, in row order).
+        self.rows = torch.arange(B)  # (b,) row ids
+        self.lengths = torch.zeros(B, dtype=torch.long)  # (b,)
+        self.tcur = torch.full((B,), target.initial_context, dtype=torch.long)  # (b,)
+        self.dcur = torch.full((B,), drafter.initial_context, dtype=torch.long)  # (b,)
+
+    def append(self, tokens, num_emitted, tctx, dctx, has_law=None) -> None:
+        """Write the emitted block (tokens (b, K+1), validated, in [0, V) up to num_emitted).
+
+        ``tctx``, ``dctx`` (b, K+1) are the target's and drafter's contexts before each
+        position (they advance the rows); ``has_law`` (b, K+1) bool says which positions
+        have a draft law (default: all but the bonus position K+1).
+        """
+        K = self.K
+        last_j = (num_emitted - 1)[:, None]  # (b, 1)
+        last = tokens.gather(1, last_j).squeeze(1)  # (b,)
+        flat = torch.add(self.ar, (self.rows * self.W + self.lengths)[:, None]).view(-1)  # (b*(K+1),)
+        codes = self.bonus_codes if has_law is None else torch.where(has_law, self.ar, self.ar + K + 1)
+        self.packed.view(-1).index_copy_(0, flat, torch.add(codes, tokens, alpha=1 << self.shift).view(-1))
+        self.tcur = self.steps[0](tctx.gather(1, last_j).squeeze(1), last)  # (b,)
+        self.dcur = self.steps[1](dctx.gather(1, last_j).squeeze(1), last)  # (b,)
+        self.lengths = self.lengths + num_emitted
+        unfinished = self.lengths < self.L  # (b,)
+        if not bool(unfinished.all()):
+            keep = unfinished.nonzero().squeeze(1)  # (b',)
+            self.rows, self.lengths = self.rows[keep], self.lengths[keep]
+            self.tcur, self.dcur = self.tcur[keep], self.dcur[keep]
+
+    def columns(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(tokens, target contexts, draft-law contexts (-1: none), block positions)``, each (B, L)."""
+        packed = self.packed[:, : self.L]  # (B, L)
+        tokens = packed >> self.shift  # (B, L)
+        codes = packed & ((1 << self.shift) - 1)  # (B, L)
+        has_law = codes <= self.K  # (B, L)
+        positions = torch.where(has_law, codes, codes - (self.K + 1)) + 1  # (B, L) in 1..K+1
+        target_contexts = self._contexts(self.steps[0], self.target.initial_context, tokens)  # (B, L)
+        draft_contexts = self._contexts(self.steps[1], self.drafter.initial_context, tokens)  # (B, L)
+        return tokens, target_contexts, torch.where(has_law, draft_contexts, -1), positions
+
+    def _contexts(self, step, initial: int, tokens: torch.Tensor) -> torch.Tensor:
+        """The model's context before every token of each row: (B, L)."""
+        by_position = tokens.t().contiguous()  # (L, B)
+        out = torch.empty_like(by_position)  # (L, B)
+        out[0] = initial
+        for t in range(self.L - 1):
+            out[t + 1] = step(out[t], by_position[t])
+        return out.t().contiguous()  # (B, L)

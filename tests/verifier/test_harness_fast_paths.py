@@ -1,0 +1,162 @@
+"""The harness' and the reference rule's fast paths decide exactly as the plain code they replace.
+
+* the fast input check of ``reference.rules.check_verifier_inputs`` accepts only input the full
+  checks accept (and invalid input still gets the full checks' message);
+* ``search_cdf`` is ``searchsorted(right=True)`` whichever form it takes;
+* the harness' transition tables and block advances equal the models' ``next_context``;
+* one call drawing K*b uniforms consumes the generator exactly as K calls drawing b each
+  (the harness draws a round's draft uniforms at once).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reference.rules import _plainly_valid, check_verifier_inputs
+from reference.sampling import search_cdf, uniform
+from specverify.core import tables
+from specverify.core.errors import InvalidArgument
+from specverify.core.validation import PROB_ATOL, check_probs, check_tokens
+from specverify.verifier import zoo
+from specverify.verifier.harness import _Transitions
+from specverify.verifier.protocol import validate_verifier_output
+
+
+def _full_check_accepts(target, draft, tokens) -> bool:
+    try:
+        check_probs("target_probs", target)
+        check_probs("draft_probs", draft)
+        check_tokens("draft_tokens", tokens, target.shape[-1])
+    except InvalidArgument:
+        return False
+    return True
+
+
+def _rows(B, R, V, *, dtype, off, generator):
+    """Rows summing to 1 + off (in float64, then rounded to dtype)."""
+    x = torch.rand(B, R, V, generator=generator, dtype=torch.float64)
+    return (x / x.sum(-1, keepdim=True) * (1 + off)).to(dtype)
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    """Run under 1 and 2 intra-op threads (2: the serial-chunk paths)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("V", [32, 768])  # one input-dtype sum per row; blocks of 256 summed in float64
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("B", [6, 300])  # 300 rows: several serial chunks with 2 threads
+def test_fast_input_check_accepts_only_what_the_full_check_accepts(dtype, V, B, threads):
+    gen = torch.Generator().manual_seed(0)
+    K = 3
+    offsets = [0.0, 1e-7, -1e-7, 0.5 * PROB_ATOL, 0.99 * PROB_ATOL, PROB_ATOL, 1.01 * PROB_ATOL, -1.01 * PROB_ATOL]
+    seen_fast = seen_slow = 0
+    for off in offsets:
+        for corrupt in ("none", "nan", "inf", "neg", "negzero", "token_high", "token_low"):
+            target = _rows(B, K + 1, V, dtype=dtype, off=off, generator=gen)
+            draft = _rows(B, K, V, dtype=dtype, off=0.0, generator=gen)
+            tokens = torch.randint(0, V, (B, K), generator=gen)
+            if corrupt == "nan":
+                target[2, 1, 5] = float("nan")
+            elif corrupt == "inf":
+                draft[1, 0, 3] = float("inf")
+            elif corrupt == "neg":
+                draft[4, 2, 7] = -1e-12
+            elif corrupt == "negzero":
+                target[0, 0, 0] = -0.0
+            elif corrupt == "token_high":
+                tokens[3, 1] = V
+            elif corrupt == "token_low":
+                tokens[5, 2] = -1
+            fast = _plainly_valid(target, draft, tokens)
+            full = _full_check_accepts(target, draft, tokens)
+            if fast is not None:
+                assert full and fast == (B, K, V), (off, corrupt)
+                seen_fast += 1
+            else:
+                seen_slow += 1
+            if full:
+                assert check_verifier_inputs(target, draft, tokens) == (B, K, V)
+            else:
+                with pytest.raises(InvalidArgument):
+                    check_verifier_inputs(target, draft, tokens)
+    assert seen_fast and seen_slow
+
+
+def test_fast_input_check_defers_other_layouts_and_dtypes():
+    B, K, V = 2, 2, 4
+    target, draft = torch.full((B, K + 1, V), 0.25), torch.full((B, K, V), 0.25)
+    tokens = torch.zeros(B, K, dtype=torch.long)
+    assert _plainly_valid(target, draft, tokens) == (B, K, V)
+    assert _plainly_valid(target.half(), draft, tokens) is None  # low precision: full check
+    assert _plainly_valid(target[:1].expand(B, K + 1, V), draft, tokens) is None  # expanded: full check
+    big = 50257  # prime factors 29 * 1733: no block length, full check
+    assert _plainly_valid(torch.full((B, K + 1, big), 1 / big), torch.full((B, K, big), 1 / big), tokens) is None
+    assert _plainly_valid(torch.full((B, K + 1, 4096), 1 / 4096), torch.full((B, K, 4096), 1 / 4096), tokens)
+    assert _plainly_valid(target, draft, tokens.float()) is None
+    assert check_verifier_inputs(target[:1].expand(B, K + 1, V), draft, tokens) == (B, K, V)
+
+
+def test_search_cdf_is_searchsorted_right(threads):
+    gen = torch.Generator().manual_seed(1)
+    for rows in (3, 129, 700):
+        w = torch.rand(rows, 9, generator=gen, dtype=torch.float64)
+        w[w < 0.3] = 0.0  # zero weights: flat CDF steps
+        cdf = w.cumsum(-1)
+        x = torch.minimum(torch.rand(rows, 1, generator=gen, dtype=torch.float64) * cdf[:, -1:], cdf[:, -1:])
+        x[::5] = cdf[::5, 2:3]  # exactly on a CDF value
+        want = torch.searchsorted(cdf, x, right=True).squeeze(-1)
+        assert torch.equal(search_cdf(cdf, x), want)
+        assert torch.equal((cdf <= x).sum(-1), want)
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        tables.markov(5, "peaked", seed=3),
+        tables.ngram(4, 3, "peaked", seed=4),
+        zoo.stale(tables.markov(3, "peaked", seed=5)),
+        tables.positional(6, 4, "peaked", seed=6),
+    ],
+    ids=["markov", "ngram3", "stale_fsm", "positional"],
+)
+def test_transitions_equal_next_context(model):
+    K = 3
+    step = _Transitions(model, K)
+    C, V = model.num_contexts, model.vocab_size
+    contexts = torch.arange(C).repeat_interleave(V)
+    tokens = torch.arange(V).repeat(C)
+    assert torch.equal(step(contexts, tokens), model.next_context(contexts, tokens))
+    if model.token_independent:
+        start = torch.arange(C)
+        block = step.block(start, K)  # (C, K+1)
+        want = [start]
+        for _ in range(K):
+            want.append(model.next_context(want[-1], want[-1]))
+        assert torch.equal(block, torch.stack(want, 1))
+
+
+def test_one_call_draws_what_k_calls_draw():
+    for b in (1, 5, 4096):
+        gen = torch.Generator().manual_seed(7)
+        separate = torch.stack([uniform((b, 1), generator=gen).view(-1) for _ in range(4)])  # (4, b)
+        gen = torch.Generator().manual_seed(7)
+        assert torch.equal(uniform((4, b), generator=gen), separate)
+
+
+def test_output_validation_ignores_padding_and_still_catches_errors():
+    drafts = torch.tensor([[1, 2, 3], [1, 2, 3]])
+    tokens = torch.tensor([[1, 0, -1, -1], [1, 2, 3, 9]])  # vLLM-style -1 padding past num_emitted
+    got, n = validate_verifier_output((tokens, torch.tensor([2, 4])), drafts, 10)
+    assert torch.equal(got, tokens) and n.tolist() == [2, 4]
+    with pytest.raises(Exception, match="outside the vocabulary"):
+        validate_verifier_output((tokens, torch.tensor([3, 4])), drafts, 10)
+    with pytest.raises(Exception, match="differs from the accepted draft"):
+        validate_verifier_output((torch.tensor([[1, 5, 0, 0], [1, 2, 3, 4]]), torch.tensor([3, 4])), drafts, 10)
+    with pytest.raises(Exception, match="outside \\[1, K\\+1\\]"):
+        validate_verifier_output((tokens, torch.tensor([0, 4])), drafts, 10)
