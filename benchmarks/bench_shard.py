@@ -7,12 +7,11 @@ deep tier is 32x that) as
 * processes: 2 local worker processes, 4 shards per worker;
 * ray: a local Ray instance of 2 CPUs, 4 shards per worker (if ray is installed);
 
-and reports for each the wall time, the time spent collecting shards (harness runs, transfer)
-and the driver's time merging the groups' runs and analysing/grading once.  Every
-configuration must give the same statistics (checked).  The projection of the deep tier on W
-workers assumes collection scales with the groups (32x the standard tier) and divides by W
-at the measured 2-worker efficiency, while the merge and analysis stay on the driver and
-scale with the data.
+and reports for each the wall time, the driver's CPU time and its merge time (scenarios split
+across shards are merged and analysed in the driver; whole ones are analysed in their worker).
+Every configuration must give the same statistics (checked).  The projection of the deep tier
+on W workers scales the best 1-process wall time by the groups (32x the standard tier) and
+divides by W at the measured 2-worker efficiency.
 
 Run: python benchmarks/bench_shard.py [--tier standard] [--scenario NAME ...] [--no-ray]
 """
@@ -24,34 +23,25 @@ import time
 
 import torch
 
+import specverify as sv
 from reference.rules import verify
-from specverify import stats
-from specverify.shard import Job
-from specverify.shard.collect import collect_runs
-from specverify.verifier.battery import scenario_results
 from specverify.verifier.scenarios import get_scenarios
 
 DEEP_OVER = {"smoke": 512, "standard": 32, "deep": 1}
 
 
 def run(tier: str, scenarios, backend: str | None, workers: int) -> dict:
-    t0 = time.perf_counter()
-    collected = collect_runs(Job("verifier", verify, tier, 0), scenarios, tier=tier, backend=backend, workers=workers)
-    t1 = time.perf_counter()
-    results = []
-    for scenario in scenarios:
-        target, drafter = scenario.build()
-        run_, error = collected.runs[scenario.name], collected.errors.get(scenario.name)
-        results += scenario_results(scenario.name, run_, error, target, drafter, alpha=1e-3, seed=0)[0]
-    graded = stats.grade(results, alpha=1e-3)
-    t2 = time.perf_counter()
+    """One audit; its wall time, CPU time of this process, the driver's merge time and the statistics."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    report = sv.check_verifier(verify, tier=tier, seed=0, scenarios=scenarios, backend=backend, workers=workers)
+    wall = time.perf_counter() - t0
+    record = report.extra.get("sharding", {})
     return {
-        "collect": t1 - t0,
-        "analyse": t2 - t1,
-        "merge": collected.record.get("merge_seconds", float("nan")),
-        "wall": t2 - t0,
-        "stats": [(r.name, r.scenario, r.position, r.statistic, r.pvalue) for r in graded],
-        "record": collected.record,
+        "wall": wall,
+        "driver_cpu": time.process_time() - c0,
+        "merge": record.get("merge_seconds", float("nan")),
+        "stats": [(r.name, r.scenario, r.position, r.statistic, r.pvalue) for r in report.results],
+        "record": record,
     }
 
 
@@ -61,9 +51,9 @@ def main() -> None:
     parser.add_argument("--scenario", action="append")
     parser.add_argument("--no-ray", action="store_true")
     args = parser.parse_args()
-    scenarios = get_scenarios(args.scenario)
+    scenarios = [s.name for s in get_scenarios(args.scenario)]
     torch.set_num_threads(2)
-    configs = [("inline", None, 1), ("processes", "processes", 2)]
+    configs = [("inline", None, 1), ("inline", "inline", 1), ("processes", "processes", 2)]
     if not args.no_ray:
         try:
             import ray  # noqa: F401
@@ -71,29 +61,24 @@ def main() -> None:
             configs.append(("ray", "ray", 2))
         except ImportError:
             print("(ray not installed: skipping the Ray row)")
-    rows = {}
+    rows: dict = {}
     for label, backend, workers in configs:
-        rows[label] = run(args.tier, scenarios, backend, workers)
-        r = rows[label]
+        key = label if label not in rows else f"{label} (again)"
+        rows[key] = r = run(args.tier, scenarios, backend, workers)
         same = r["stats"] == rows["inline"]["stats"]
         print(
-            f"{label:10s} workers={workers}  wall {r['wall']:7.1f} s  collect {r['collect']:7.1f} s  "
-            f"merge {r['merge']:5.2f} s  analyse+grade {r['analyse']:6.1f} s  speedup "
-            f"{rows['inline']['wall'] / r['wall']:4.2f}x  same statistics: {same}",
+            f"{key:16s} workers={workers}  wall {r['wall']:7.1f} s  driver CPU {r['driver_cpu']:6.1f} s  "
+            f"merge {r['merge']:5.2f} s  speedup {rows['inline']['wall'] / r['wall']:4.2f}x  same statistics: {same}",
             flush=True,
         )
         assert same, f"{label}: statistics differ from the inline run"
-    inline = rows["inline"]
-    best2 = min((rows[k] for k in rows if k != "inline"), key=lambda r: r["collect"])
-    efficiency = inline["collect"] / (2 * best2["collect"])
+    inline = min(r["wall"] for k, r in rows.items() if k.startswith("inline"))
+    two = min(r["wall"] for k, r in rows.items() if not k.startswith("inline"))
+    efficiency = inline / (2 * two)
     scale = DEEP_OVER[args.tier]
     for w in (1, 8):
-        collect = inline["collect"] * scale / (w * (efficiency if w > 1 else 1.0))
-        analyse = inline["analyse"] * scale
-        print(
-            f"projected deep tier on {w} worker(s): collect {collect / 60:6.1f} min + merge/analyse "
-            f"{analyse / 60:5.1f} min on the driver (2-worker collection efficiency {efficiency:.2f})"
-        )
+        projected = inline * scale / (w * (efficiency if w > 1 else 1.0))
+        print(f"projected deep tier on {w} worker(s): {projected / 60:6.1f} min (2-worker efficiency {efficiency:.2f})")
 
 
 if __name__ == "__main__":

@@ -197,3 +197,16 @@ def test_ray_cluster_with_a_killed_worker_reproduces_the_one_process_report(tmp_
     assert record["backend"] == "ray" and record["shards"] == 4
     assert [i["shard"] for i in record["incidents"]] == [1], record
     assert _stats(cluster) == _stats(one) and cluster.verdict == one.verdict == "pass"
+
+
+def test_a_resized_scenario_runs_at_its_own_size():
+    """The selftest's doubling levels and calibration runs resize registry scenarios: the workers must run them
+    as given, not the registry's namesake (a worker used to look every scenario up by name)."""
+    from specverify.selftest.verifiers import scaled_scenario
+    from specverify.verifier.battery import run_scenario
+    from specverify.verifier.scenarios import get_scenarios
+
+    small = scaled_scenario(get_scenarios(["pos8_uniform_k4"])[0], 8)
+    results, errors, _ = run_scenario(verify, small, tier="smoke", seed=0, alpha=1e-3)
+    assert not errors
+    assert {r.n for r in results if r.name == "gof" and r.position.startswith("abs=")} == {8}

@@ -14,6 +14,7 @@ form a prefix of a sequence fixed before the run, whatever the timing.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,7 +23,15 @@ from specverify.core.errors import InvalidArgument
 from specverify.core.validation import check_int
 from specverify.shard.backends import check_backend, execute
 from specverify.shard.plan import plan_shards
-from specverify.shard.work import GroupOutput, Job, ShardOutput, merge_runs, merge_tree_runs
+from specverify.shard.work import (
+    Analysed,
+    GroupOutput,
+    Job,
+    ShardOutput,
+    merge_runs,
+    merge_tree_runs,
+    registered_scenario,
+)
 
 __all__ = [
     "BatteryOutcome",
@@ -68,6 +77,7 @@ class Collected:
     """Merged runs per scenario (None where the implementation failed), errors, timings, the run's record."""
 
     runs: dict = field(default_factory=dict)
+    analysed: dict = field(default_factory=dict)  # scenario -> Analysed (analysed in the worker)
     errors: dict = field(default_factory=dict)
     seconds: dict = field(default_factory=dict)
     cpu_seconds: dict = field(default_factory=dict)
@@ -94,6 +104,10 @@ def collect_runs(
     scenarios it did not complete are left out of ``runs``.
     """
     backend, workers = check_backend(backend, workers)
+    if job.kind != "task":  # the workers run these very scenarios, not the registry's namesakes
+        own = tuple(s for s in scenarios if not _registered(job.kind, s))
+        if own:
+            job = dataclasses.replace(job, scenarios=own)
     num_shards = shards
     if num_shards is None and stop is not None:  # check the stopping rule often: a shard per group (capped)
         num_shards = min(MAX_ANYTIME_SHARDS, sum(s.num_groups(tier) for s in scenarios))
@@ -102,6 +116,7 @@ def collect_runs(
     plan = plan_shards([(s.name, s.num_groups(tier), float(s.batch_size * s.length)) for s in scenarios], num_shards)
     wanted = {s.name: s.num_groups(tier) for s in scenarios}
     groups: dict[str, list[GroupOutput]] = {name: [] for name in wanted}
+    have = dict.fromkeys(wanted, 0)  # groups done per scenario
     out = Collected()
     buffered: dict[int, ShardOutput] = {}
     state = _State()
@@ -110,10 +125,11 @@ def collect_runs(
         state.pids.add(output.pid)
         for g in output.groups:
             groups[g.scenario].append(g)
-            if len(groups[g.scenario]) == wanted[g.scenario]:
+            have[g.scenario] += g.run.groups if isinstance(g.run, Analysed) else 1
+            if have[g.scenario] == wanted[g.scenario]:
                 state.done += 1
                 if progress is not None and state.done < len(wanted):  # the next scenario still running
-                    following = next(n for n in wanted if len(groups[n]) < wanted[n])
+                    following = next(n for n in wanted if have[n] < wanted[n])
                     progress(state.done, len(wanted), following)
         if stop is None:
             return False
@@ -131,13 +147,15 @@ def collect_runs(
     merge = {"verifier": merge_runs, "tree_verifier": merge_tree_runs, "task": list}[job.kind]
     merge_start = time.perf_counter()
     for name, outputs in groups.items():
-        if len(outputs) < wanted[name]:
+        if have[name] < wanted[name]:
             continue  # stopped early
         outputs.sort(key=lambda g: g.group)
         out.seconds[name] = sum(g.seconds for g in outputs)
         out.cpu_seconds[name] = sum(g.cpu_seconds for g in outputs)
         failed = [g.error for g in outputs if g.error is not None]
-        if job.kind == "task":  # every group's (output, error) as it is: the caller reads them
+        if isinstance(outputs[0].run, Analysed):  # the worker held the whole scenario and analysed it
+            out.analysed[name] = outputs[0].run
+        elif job.kind == "task":  # every group's (output, error) as it is: the caller reads them
             out.runs[name] = [(g.run, g.error) for g in outputs]
         elif failed:
             out.errors[name] = failed[0]  # the first in group order: the same for every plan
@@ -155,6 +173,14 @@ def collect_runs(
         "ray_address": ray_address if backend == "ray" else None,
     }
     return out
+
+
+def _registered(kind: str, scenario) -> bool:
+    """Whether ``scenario`` is the registry's scenario of its name (a worker may look it up by name)."""
+    try:
+        return registered_scenario(kind, scenario.name) == scenario
+    except InvalidArgument:
+        return False
 
 
 @dataclass(frozen=True)
@@ -199,10 +225,17 @@ class BatteryOutcome:
     timings: dict
     cpu_seconds: dict
     extra: dict
+    summaries: dict = field(default_factory=dict)
 
 
 def run_battery(job: Job, scenarios: Sequence, *, tier: str, alpha: float, parallel: Parallel, progress, analyse):
-    """Collect, analyse each scenario once (``analyse(scenario, run, error) -> (results, errors)``), grade once.
+    """Collect, analyse each scenario once, grade once.
+
+    ``analyse(scenario, merged run or None, error) -> (results, errors, summary)`` must be
+    picklable (a module-level function or a ``functools.partial`` of one): a worker holding a
+    whole scenario runs it there and returns only the results (no per-token records to ship);
+    the driver runs it on the scenarios that were split across shards.  Same function, same
+    merged run, same results.
 
     With ``parallel.until_decisive`` the anytime e-processes of :mod:`specverify.shard.anytime`
     get ``alpha * SHARE``; a decisive stop grades only them (and the protocol results of the
@@ -212,17 +245,24 @@ def run_battery(job: Job, scenarios: Sequence, *, tier: str, alpha: float, paral
     from specverify.shard.anytime import SHARE, AnytimeStop
 
     stopper = AnytimeStop(scenarios, alpha=alpha, tree=job.kind == "tree_verifier") if parallel.until_decisive else None
+    if stopper is None:  # the stopping rule needs the records of every group
+        job = dataclasses.replace(job, analyse=analyse)
     collected = collect_runs(
         job, scenarios, tier=tier, shards=parallel.shards, backend=parallel.backend, workers=parallel.workers,
         retries=parallel.retries, ray_address=parallel.ray_address, progress=progress, stop=stopper,
     )  # fmt: skip
     results: list = []
     errors: list = []
+    summaries: dict = {}
     for scenario in scenarios:
-        if scenario.name not in collected.runs:
+        if scenario.name in collected.analysed:
+            done = collected.analysed[scenario.name]
+            res, errs, summaries[scenario.name] = list(done.results), list(done.errors), done.summary
+        elif scenario.name in collected.runs:
+            run, error = collected.runs[scenario.name], collected.errors.get(scenario.name)
+            res, errs, summaries[scenario.name] = analyse(scenario, run, error)
+        else:
             continue  # not finished: the run stopped early
-        run, error = collected.runs[scenario.name], collected.errors.get(scenario.name)
-        res, errs = analyse(scenario, run, error)
         if stopper is not None and stopper.decisive is not None:
             res = [r for r in res if r.family == "protocol"]  # fixed-N tests are not valid at a data-dependent N
         results += res
@@ -238,4 +278,4 @@ def run_battery(job: Job, scenarios: Sequence, *, tier: str, alpha: float, paral
     if not parallel.default:
         extra["sharding"] = collected.record
     timings = {**collected.seconds}
-    return BatteryOutcome(list(graded), errors, timings, collected.cpu_seconds, extra)
+    return BatteryOutcome(list(graded), errors, timings, collected.cpu_seconds, extra, summaries)

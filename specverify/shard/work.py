@@ -25,7 +25,17 @@ from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.shard.plan import Shard, group_seed
 from specverify.verifier.harness import HarnessRun
 
-__all__ = ["Job", "GroupOutput", "ShardOutput", "run_shard", "merge_runs", "merge_tree_runs", "KINDS"]
+__all__ = [
+    "Analysed",
+    "Job",
+    "GroupOutput",
+    "ShardOutput",
+    "merge_group_runs",
+    "run_shard",
+    "merge_runs",
+    "merge_tree_runs",
+    "KINDS",
+]
 
 KINDS = ("verifier", "tree_verifier", "task")
 
@@ -39,6 +49,14 @@ class Job:
 
     ``fault`` is a fault-injection hook for drills and tests (``fault(shard_index)`` after
     a shard's first group; see :mod:`specverify.shard.faults`); None in real runs.
+    ``analyse`` (picklable), when given, is run in the worker on every scenario the shard holds
+    whole, which then returns its test results (:class:`Analysed`) instead of its records:
+    the same function on the same merged run as the driver would use, so the same results.
+
+    ``scenarios``: scenario objects that replace the registry's of the same name in the
+    workers (e.g. the selftest's resized scenarios, :func:`specverify.selftest.verifiers.scaled_scenario`);
+    :func:`~specverify.shard.collect.collect_runs` fills it with every scenario it is given
+    that is not the registry's.  A scenario not listed is looked up by name.
     """
 
     kind: str
@@ -49,6 +67,8 @@ class Job:
     dtype: Any = None  # torch.dtype of the probabilities handed in; None: float32
     threads: int | None = None
     fault: Any = None
+    analyse: Any = None  # analyse(scenario, merged run or None, error) -> (results, errors, summary)
+    scenarios: tuple = ()
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -68,6 +88,16 @@ class GroupOutput:
 
 
 @dataclass(frozen=True)
+class Analysed:
+    """A whole scenario analysed in the worker: its results, errors and summary, and how many groups it had."""
+
+    results: tuple
+    errors: tuple
+    summary: dict
+    groups: int
+
+
+@dataclass(frozen=True)
 class ShardOutput:
     """A finished shard: its groups' outputs, the process that ran it and its wall time."""
 
@@ -77,7 +107,16 @@ class ShardOutput:
     seconds: float
 
 
-def _scenario(kind: str, name: str):
+def _scenario(job: Job, name: str):
+    """The scenario ``name`` of ``job``: its own object if it carries one, else the registry's."""
+    for scenario in job.scenarios:
+        if scenario.name == name:
+            return scenario
+    return registered_scenario(job.kind, name)
+
+
+def registered_scenario(kind: str, name: str):
+    """The registry's scenario ``name`` of the chain (``kind="verifier"``) or tree battery."""
     if kind == "verifier":
         from specverify.verifier.scenarios import get_scenarios
 
@@ -127,8 +166,9 @@ def run_shard(job: Job, shard: Shard) -> ShardOutput:
                 if fault is not None and len(outputs) == 1:
                     fault(shard.index)
             continue
-        scenario = _scenario(job.kind, item.scenario)
+        scenario = _scenario(job, item.scenario)
         target, drafter = scenario.build()
+        first = len(outputs)
         for group in item.groups:
             t0, c0 = time.perf_counter(), time.process_time()
             try:
@@ -141,7 +181,26 @@ def run_shard(job: Job, shard: Shard) -> ShardOutput:
             )
             if fault is not None and len(outputs) == 1:
                 fault(shard.index)
+        if job.analyse is not None and item.start == 0 and item.stop == scenario.num_groups(job.tier):
+            outputs[first:] = [_analysed(job, scenario, outputs[first:])]
     return ShardOutput(shard.index, tuple(outputs), os.getpid(), time.perf_counter() - start)
+
+
+def _analysed(job: Job, scenario, groups: list[GroupOutput]) -> GroupOutput:
+    """One scenario's groups (all of them, in order) merged and analysed: a group -1 output holding :class:`Analysed`."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    failed = [g.error for g in groups if g.error is not None]
+    merged = None if failed else merge_group_runs(job.kind, [g.run for g in groups])
+    results, errors, summary = job.analyse(scenario, merged, failed[0] if failed else None)
+    analysed = Analysed(tuple(results), tuple(errors), summary, len(groups))
+    seconds = sum(g.seconds for g in groups) + time.perf_counter() - t0
+    cpu = sum(g.cpu_seconds for g in groups) + time.process_time() - c0
+    return GroupOutput(scenario.name, -1, analysed, None, seconds, cpu)
+
+
+def merge_group_runs(kind: str, runs):
+    """The merged run of a scenario's group runs for a ``kind`` of job."""
+    return merge_runs(runs) if kind == "verifier" else merge_tree_runs(runs)
 
 
 def merge_runs(runs) -> HarnessRun:

@@ -30,6 +30,7 @@ prefix equal to argmax p, then argmax p; ties in argmax resolve to the lowest to
 
 from __future__ import annotations
 
+import functools
 import platform
 import sys
 import time
@@ -235,6 +236,13 @@ def scenario_results(scenario: str, run: HarnessRun | None, error: str | None, t
     return results + analyse_run(run, target, drafter, scenario=scenario, alpha=alpha, seed=seed), []
 
 
+def analyse_scenario(scenario: Scenario, run: HarnessRun | None, error: str | None, *, alpha: float, seed: int):
+    """``(results, errors, summary)`` of one scenario's merged run (picklable through ``functools.partial``)."""
+    target, drafter = scenario.build()
+    results, errors = scenario_results(scenario.name, run, error, target, drafter, alpha=alpha, seed=seed)
+    return results, errors, {}
+
+
 def run_scenario(verify, scenario: Scenario, *, tier: str, seed: int, alpha: float, device=None, dtype=None):
     """Run one scenario in this process: ``(results, errors, seconds)``.
 
@@ -400,11 +408,7 @@ def check_verifier(
             cpu[scenario.name] = time.process_time() - cpu_scenario
         graded = stats.grade(results, alpha=alpha)
     else:
-
-        def analyse(scenario, run, error):
-            target, drafter = scenario.build()
-            return scenario_results(scenario.name, run, error, target, drafter, alpha=alpha, seed=seed)
-
+        analyse = functools.partial(analyse_scenario, alpha=alpha, seed=seed)
         if progress is not None:
             progress(0, len(chosen), chosen[0].name)
         job = Job("verifier", verify, tier, seed, dev, prob_dtype)

@@ -19,6 +19,7 @@ Shapes: V vocabulary, D depth.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -236,11 +237,7 @@ def check_tree_verifier(
     summaries = {s.name: {"note": SKIP_NOTE} for s in chosen if _skipped(verify_tree, s)}
     runnable = [s for s in chosen if s.name not in summaries]
 
-    def analyse(scenario, tree_run, error):
-        results, errors, summaries[scenario.name] = tree_scenario_results(
-            scenario, tree_run, error, alpha=alpha, seed=seed
-        )
-        return results, errors
+    analyse = functools.partial(tree_scenario_results, alpha=alpha, seed=seed)
 
     if progress is not None:
         progress(0, len(chosen), chosen[0].name)
@@ -251,6 +248,7 @@ def check_tree_verifier(
     if progress is not None:
         progress(len(chosen), len(chosen), "")
     graded, errors, timings = outcome.results, outcome.errors, outcome.timings
+    summaries.update(outcome.summaries)
     summaries = {s.name: summaries[s.name] for s in chosen if s.name in summaries}
     verdict = FAIL if errors else stats.verdict(graded)
     timings["total"] = time.perf_counter() - start
