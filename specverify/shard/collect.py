@@ -28,8 +28,7 @@ from specverify.shard.work import (
     GroupOutput,
     Job,
     ShardOutput,
-    merge_runs,
-    merge_tree_runs,
+    merge_group_runs,
     registered_scenario,
 )
 
@@ -144,7 +143,6 @@ def collect_runs(
     incidents = execute(
         job, plan, backend=backend, workers=workers, on_output=on_output, retries=retries, ray_address=ray_address
     )
-    merge = {"verifier": merge_runs, "tree_verifier": merge_tree_runs, "task": list}[job.kind]
     merge_start = time.perf_counter()
     for name, outputs in groups.items():
         if have[name] < wanted[name]:
@@ -161,7 +159,7 @@ def collect_runs(
             out.errors[name] = failed[0]  # the first in group order: the same for every plan
             out.runs[name] = None
         else:
-            out.runs[name] = merge([g.run for g in outputs])
+            out.runs[name] = merge_group_runs(job.kind, [g.run for g in outputs])
     out.record = {
         "backend": backend,
         "workers": workers,

@@ -65,7 +65,6 @@ class Job:
     seed: int
     device: Any = None  # str or torch.device; None: the CPU
     dtype: Any = None  # torch.dtype of the probabilities handed in; None: float32
-    threads: int | None = None
     fault: Any = None
     analyse: Any = None  # analyse(scenario, merged run or None, error) -> (results, errors, summary)
     scenarios: tuple = ()
@@ -149,8 +148,6 @@ def _run_group(job: Job, scenario, target, drafter, group: int):
 
 def run_shard(job: Job, shard: Shard) -> ShardOutput:
     """Run every group of ``shard``; implementation errors are recorded, anything else propagates."""
-    if job.threads is not None:
-        torch.set_num_threads(job.threads)  # a worker process of the shard runner: its own setting
     from specverify.shard.faults import from_environment
 
     fault = job.fault if job.fault is not None else from_environment()

@@ -59,6 +59,7 @@ __all__ = [
     "list_scenarios",
     "analyse_run",
     "run_scenario",
+    "analyse_scenario",
     "environment",
 ]
 
@@ -228,19 +229,16 @@ def _drive(verify, scenario: Scenario, target, drafter, *, tier: str, seed: int,
     )
 
 
-def scenario_results(scenario: str, run: HarnessRun | None, error: str | None, target, drafter, *, alpha, seed):
-    """The protocol result and every test of one scenario's (merged) run: ``(results, errors)``."""
-    if run is None:
-        return [_protocol_result(scenario, False, 0, error or "")], [error or f"{scenario}: no run"]
-    results = [_protocol_result(scenario, True, run.num_calls)]
-    return results + analyse_run(run, target, drafter, scenario=scenario, alpha=alpha, seed=seed), []
-
-
 def analyse_scenario(scenario: Scenario, run: HarnessRun | None, error: str | None, *, alpha: float, seed: int):
-    """``(results, errors, summary)`` of one scenario's merged run (picklable through ``functools.partial``)."""
+    """``(results, errors, summary)`` of one scenario's merged run: the protocol result and every test.
+
+    Picklable through ``functools.partial``: shard workers run it on the scenarios they hold whole.
+    """
+    if run is None:
+        return [_protocol_result(scenario.name, False, 0, error or "")], [error or f"{scenario.name}: no run"], {}
     target, drafter = scenario.build()
-    results, errors = scenario_results(scenario.name, run, error, target, drafter, alpha=alpha, seed=seed)
-    return results, errors, {}
+    results = [_protocol_result(scenario.name, True, run.num_calls)]
+    return results + analyse_run(run, target, drafter, scenario=scenario.name, alpha=alpha, seed=seed), [], {}
 
 
 def run_scenario(verify, scenario: Scenario, *, tier: str, seed: int, alpha: float, device=None, dtype=None):
@@ -251,9 +249,8 @@ def run_scenario(verify, scenario: Scenario, *, tier: str, seed: int, alpha: flo
     """
     start = time.perf_counter()
     collected = collect_runs(Job("verifier", verify, tier, seed, device, dtype), [scenario], tier=tier)
-    target, drafter = scenario.build()
     run, error = collected.runs.get(scenario.name), collected.errors.get(scenario.name)
-    results, errors = scenario_results(scenario.name, run, error, target, drafter, alpha=alpha, seed=seed)
+    results, errors, _ = analyse_scenario(scenario, run, error, alpha=alpha, seed=seed)
     return results, errors, time.perf_counter() - start
 
 
