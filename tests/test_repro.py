@@ -61,7 +61,12 @@ def _same_statistics(recorded: Report, again: Report) -> None:
 
 
 #: Report folders of real engines or libraries: the package each needs (their reruns take minutes: ``slow``).
-ENGINES = {"hf-transformers": "transformers", "vllm": "vllm"}
+ENGINES = {
+    "hf-transformers": "transformers",
+    "vllm": "vllm",
+    "eagle": "eagle.model.utils",
+    "openvino": "openvino_genai",
+}
 
 
 def _committed_params():
