@@ -255,8 +255,10 @@ def test_cpu_expand_batch_to_tokens_fills_float_output(vllm_adapter):
 @pytest.mark.parametrize(
     "options, match",
     [
-        ({"method": "eagle"}, "method must be one of"),
+        ({"method": "medusa"}, "method must be one of"),
         ({"method": "draft_model"}, "needs draft_dir"),
+        ({"method": "eagle"}, "needs eagle_dir"),
+        ({"method": "eagle", "eagle_dir": "/x", "draft_sample_method": "topk"}, "draft_sample_method"),
         ({"draft_sample_method": "topk"}, "draft_sample_method"),
         ({"k": 0}, "k must be >= 1"),
         ({"memoize": "yes"}, "memoize must be True or False"),
@@ -267,6 +269,109 @@ def test_engine_decoder_option_checks_need_no_vllm(options, match):
 
     with pytest.raises(InvalidArgument, match=match):
         VllmDecoder("/nonexistent", **options)
+
+
+def test_tiny_decoder_rejects_unknown_methods_before_writing_models():
+    from specverify.adapters.vllm_engine import tiny_decoder
+
+    with pytest.raises(InvalidArgument, match="method must be one of"):
+        tiny_decoder(method="eagle3")
+
+
+def test_eagle_decoder_speculative_config_needs_no_vllm():
+    from specverify.adapters.vllm_engine import VllmDecoder
+
+    dec = VllmDecoder("/t", method="eagle", k=3, eagle_dir="/e", draft_dir="/d", draft_sample_method="greedy")
+    assert dec._speculative_config() == dict(
+        method="eagle", model="/e", num_speculative_tokens=3, draft_sample_method="greedy"
+    )
+    assert "eagle, k=3, draft_sample_method=greedy" in repr(dec)
+
+
+# ----------------------------------------------------------------------------- EAGLE checkpoint writer (CI, no vLLM)
+
+
+def _read_eagle(path):
+    import json
+
+    from safetensors.torch import load_file
+
+    return json.loads((path / "config.json").read_text()), load_file(str(path / "model.safetensors"))
+
+
+@pytest.mark.parametrize("fc_bias", [False, True])
+def test_eagle_checkpoint_has_eagle1_keys_shapes_and_config(tmp_path, fc_bias):
+    from safetensors.torch import load_file
+
+    from specverify.adapters.vllm_eagle import EAGLE_KEYS, save_tiny_eagle
+    from specverify.adapters.vllm_engine import save_tiny_models
+
+    config, state = _read_eagle(save_tiny_eagle(tmp_path, seed=0, fc_bias=fc_bias))
+    assert set(state) == set(EAGLE_KEYS) - ({"fc.bias"} if not fc_bias else set())
+    want = {
+        "embed_tokens.weight": (32, 64),
+        "fc.weight": (64, 128),
+        "fc.bias": (64,),
+        "layers.0.self_attn.q_proj.weight": (64, 64),
+        "layers.0.self_attn.k_proj.weight": (64, 64),
+        "layers.0.self_attn.v_proj.weight": (64, 64),
+        "layers.0.self_attn.o_proj.weight": (64, 64),
+        "layers.0.mlp.gate_proj.weight": (128, 64),
+        "layers.0.mlp.up_proj.weight": (128, 64),
+        "layers.0.mlp.down_proj.weight": (64, 128),
+        "layers.0.post_attention_layernorm.weight": (64,),
+    }
+    assert {k: tuple(v.shape) for k, v in state.items()} == {k: v for k, v in want.items() if k in state}
+    assert all(v.dtype == torch.float32 and torch.isfinite(v).all() for v in state.values())
+    assert not any("input_layernorm" in k or "lm_head" in k or k.startswith("model.") for k in state)
+    assert config["num_hidden_layers"] == 1 and config["architectures"] == ["LlamaForCausalLM"]
+    assert config["bias"] is fc_bias and config["vocab_size"] == 32 and config["hidden_size"] == 64
+    target_dir, _ = save_tiny_models(tmp_path, seed=0)
+    target = load_file(str(target_dir / "model.safetensors"))
+    assert torch.equal(state["embed_tokens.weight"], target["model.embed_tokens.weight"])  # EAGLE-1 copies it
+
+
+def test_eagle_checkpoint_is_a_pure_function_of_the_seed(tmp_path):
+    from specverify.adapters.vllm_eagle import save_tiny_eagle
+
+    a = _read_eagle(save_tiny_eagle(tmp_path / "a", seed=0))
+    b = _read_eagle(save_tiny_eagle(tmp_path / "b", seed=0))
+    c = _read_eagle(save_tiny_eagle(tmp_path / "a", seed=1))
+    assert a[0] == b[0] and a[1].keys() == b[1].keys()
+    assert all(torch.equal(a[1][k], b[1][k]) for k in a[1])
+    assert not torch.equal(a[1]["fc.weight"], c[1]["fc.weight"])
+    again = save_tiny_eagle(tmp_path / "a", seed=0)  # cached: the same directory, not rewritten
+    assert again == tmp_path / "a" / "vllm-tiny-eagle-s0-n0.5"
+
+
+def test_eagle_state_dict_argument_checks():
+    from specverify.adapters.vllm_eagle import eagle_config, eagle_state_dict
+
+    config = dict(vocab_size=4, hidden_size=8, intermediate_size=16, num_attention_heads=2)
+    embed = torch.zeros(4, 8)
+    with pytest.raises(InvalidArgument, match="noise must be"):
+        eagle_state_dict(embed, config, seed=0, noise=-1.0)
+    with pytest.raises(InvalidArgument, match="target_embed has shape"):
+        eagle_state_dict(torch.zeros(5, 8), config, seed=0)
+    with pytest.raises(InvalidArgument, match="fc_bias must be True or False"):
+        eagle_state_dict(embed, config, seed=0, fc_bias=1)
+    with pytest.raises(InvalidArgument, match="fc_bias must be True or False"):
+        eagle_config(config, fc_bias="yes")
+    state = eagle_state_dict(embed, config, seed=0, noise=0.0)
+    assert torch.equal(state["fc.weight"][:, :8], 50.0 * torch.eye(8)) and not state["fc.weight"][:, 8:].any()
+
+
+def test_eagle_checkpoint_loads_strictly_into_eagle_llm_model():
+    cnets = pytest.importorskip("eagle.model.cnets")
+    from transformers import LlamaConfig
+
+    from specverify.adapters.vllm_eagle import eagle_config, eagle_state_dict
+
+    base = dict(vocab_size=32, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=2)
+    config = LlamaConfig(**eagle_config(base, fc_bias=True))
+    config.rope_scaling = None  # eagle-llm 1.2.1 reads rope_scaling["type"] when set
+    model = cnets.Model(config, bias=config.bias)  # what ea_model.EaModel builds
+    model.load_state_dict(eagle_state_dict(torch.zeros(32, 64), base, seed=0, fc_bias=True), strict=True)
 
 
 def test_report_configs_are_well_formed():
@@ -303,3 +408,15 @@ def test_top_k_on_a_step_without_drafts(vllm_adapter):
     from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 
     assert apply_top_k_top_p(torch.empty(0, 32), torch.empty(0, dtype=torch.int32), None).shape == (0, 32)
+
+
+def test_eagle_decoder_generates_the_right_shape(tmp_path, monkeypatch):
+    pytest.importorskip("vllm")
+    from specverify.adapters.vllm_engine import tiny_decoder
+
+    monkeypatch.setenv("SPECVERIFY_CACHE", str(tmp_path))
+    dec = tiny_decoder(method="eagle", k=2, draft_sample_method="greedy")
+    tokens = dec.generate(torch.tensor([3, 1, 4, 1]), num_samples=4, max_new_tokens=5, seed=0)
+    assert tokens.shape == (4, 5) and tokens.dtype == torch.long
+    assert ((tokens >= 0) & (tokens < 32)).all()
+    assert dec.llm.llm_engine.vllm_config.speculative_config.method == "eagle"

@@ -13,10 +13,11 @@ The target's exact processed conditionals come from the same weights in transfor
 top-k and top-p).
 
 Models are tiny seeded Llamas (:func:`specverify.adapters.hf_models.tiny_llama`, head size 32
-for vLLM's CPU attention) written once to a local directory (no download): the target, and a
+for vLLM's CPU attention) written once to a local directory (no download): the target, a
 draft that is the target with Gaussian noise on every matrix (so both the accept and the
-residual branch run often).  Practical settings for CPU: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
-``VLLM_CPU_KVCACHE_SPACE=1``, ``enforce_eager=True``, ``skip_tokenizer_init=True``, ``dtype=float32``.
+residual branch run often), and an EAGLE-1 head in EAGLE's own checkpoint layout
+(:func:`specverify.adapters.vllm_eagle.save_tiny_eagle`).  Practical settings for CPU:
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``VLLM_CPU_KVCACHE_SPACE=1``, ``enforce_eager=True``, ``skip_tokenizer_init=True``, ``dtype=float32``.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ __all__ = [
 
 #: Tiny Llama shape: head size hidden_size / num_attention_heads = 32 (vLLM CPU attention).
 MODEL_CONFIG = dict(vocab_size=32, num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=2)
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "draft_model", "eagle")
 
 
 def _models(seed: int, draft_noise: float):
@@ -83,14 +84,20 @@ class VllmDecoder:
     ----------
     target_dir : path
         The target model directory.
-    method : {"ngram", "draft_model"}, optional
+    method : {"ngram", "draft_model", "eagle"}, optional
         Speculation method; None runs the engine without speculation (the control).
     k : int
         ``num_speculative_tokens``.
     draft_dir : path, optional
         The draft model (``method="draft_model"``).
+    eagle_dir : path, optional
+        The EAGLE head (``method="eagle"``): an EAGLE-1 checkpoint directory for the target
+        (:func:`specverify.adapters.vllm_eagle.save_tiny_eagle`), loaded by vLLM as
+        ``EagleLlamaForCausalLM`` with the target's ``lm_head`` and embedding shared.
     draft_sample_method : {"greedy", "probabilistic"}
-        vLLM's ``draft_sample_method`` for draft models.
+        vLLM's ``draft_sample_method`` for draft models and EAGLE (vLLM's default is greedy:
+        argmax drafts, ``draft_probs=None``; probabilistic: drafts sampled from the
+        temperature-scaled draft law with torch's global generator, q passed to the sampler).
     temperature, top_k, top_p : sampling options (``top_k=0`` / ``top_p=1`` off)
     patch_expand : bool
         Diagnostic: when the engine is built, replace ``rejection_sampler.expand_batch_to_tokens``
@@ -116,6 +123,7 @@ class VllmDecoder:
         method=None,
         k=4,
         draft_dir=None,
+        eagle_dir=None,
         draft_sample_method="probabilistic",
         temperature=1.0,
         top_k=0,
@@ -134,18 +142,21 @@ class VllmDecoder:
             raise InvalidArgument(f"method must be one of {list(METHODS)} or None, got {method!r}")
         if method == "draft_model" and draft_dir is None:
             raise InvalidArgument("method='draft_model' needs draft_dir")
+        if method == "eagle" and eagle_dir is None:
+            raise InvalidArgument("method='eagle' needs eagle_dir")
         if draft_sample_method not in ("greedy", "probabilistic"):
             raise InvalidArgument(
                 f"draft_sample_method must be 'greedy' or 'probabilistic', got {draft_sample_method!r}"
             )
         self.target_dir, self.draft_dir = str(target_dir), None if draft_dir is None else str(draft_dir)
+        self.eagle_dir = None if eagle_dir is None else str(eagle_dir)
         self.method, self.k, self.draft_sample_method = method, check_int("k", k, minimum=1), draft_sample_method
         self.temperature, self.top_k, self.top_p = float(temperature), int(top_k), float(top_p)
         self._llm = None
 
     def __repr__(self) -> str:
         spec = "no speculation" if self.method is None else f"{self.method}, k={self.k}"
-        if self.method == "draft_model":
+        if self.method in ("draft_model", "eagle"):
             spec += f", draft_sample_method={self.draft_sample_method}"
         patched = ", patch_expand=True" if self.patch_expand else ""
         patched += ", seed_global_rng=True" if self.seed_global_rng else ""
@@ -158,8 +169,8 @@ class VllmDecoder:
         if self.method == "ngram":
             return dict(method="ngram", num_speculative_tokens=self.k, prompt_lookup_max=3, prompt_lookup_min=1)
         return dict(
-            method="draft_model",
-            model=self.draft_dir,
+            method=self.method,
+            model=self.eagle_dir if self.method == "eagle" else self.draft_dir,
             num_speculative_tokens=self.k,
             draft_sample_method=self.draft_sample_method,
         )
@@ -243,14 +254,25 @@ def tiny_decoder(
     patch_expand=False,
     seed_global_rng=False,
     memoize=False,
+    eagle_fc_bias=False,
 ):
-    """:class:`VllmDecoder` on the tiny seeded target (and its perturbed draft); ``method="none"``: no speculation."""
+    """:class:`VllmDecoder` on the tiny seeded target and its perturbed draft or EAGLE head.
+
+    ``method="none"``: no speculation; ``method="eagle"``: the head of
+    :func:`specverify.adapters.vllm_eagle.save_tiny_eagle` for ``seed``, with ``fc.bias`` and
+    ``"bias": true`` in its config when ``eagle_fc_bias``.
+    """
+    from specverify.adapters.vllm_eagle import save_tiny_eagle
+
+    if method != "none" and method not in METHODS:
+        raise InvalidArgument(f"method must be one of {['none', *METHODS]}, got {method!r}")
     target_dir, draft_dir = save_tiny_models(seed=seed)
     return VllmDecoder(
         target_dir,
         method=None if method == "none" else method,
         k=k,
         draft_dir=draft_dir,
+        eagle_dir=save_tiny_eagle(seed=seed, fc_bias=eagle_fc_bias) if method == "eagle" else None,
         draft_sample_method=draft_sample_method,
         temperature=temperature,
         top_k=top_k,

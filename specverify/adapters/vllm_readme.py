@@ -43,7 +43,26 @@ each matrix's standard deviation, so both accept and residual branches run often
 `check_decoder` (smoke plan: 2 prompts x 4000 samples x 8 new tokens; per-position and per-prefix-node
 GOF, PIT and entropy scores, exact support, collisions, determinism) against the target's exact
 processed conditionals in transformers float32 with the same weights (`HFTarget`). vLLM's own
-raw conditionals (`prompt_logprobs=-1`) differ from transformers' by at most {max_diff}.
+raw conditionals (`prompt_logprobs=-1`) differ from transformers' by at most {max_diff}
+(EAGLE and the draft model change only the drafts, not the target, so this bound covers them).
+Speculative configs: ngram `{{"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3,
+"prompt_lookup_min": 1}}`; draft model `{{"method": "draft_model", "model": <draft dir>,
+"num_speculative_tokens": K, "draft_sample_method": ...}}`; EAGLE (`e2e_eagle_*`)
+`{{"method": "eagle", "model": <EAGLE head dir>, "num_speculative_tokens": K, "draft_sample_method": ...}}`.
+The EAGLE head (`specverify/adapters/vllm_eagle.py`, `save_tiny_eagle`) is written offline in EAGLE-1's
+own checkpoint layout (SafeAILab/EAGLE `cnets.Model`, which loads it strictly): `embed_tokens.weight`
+(a copy of the target's), `fc.weight` (H x 2H), `layers.0.self_attn.{{q,k,v,o}}_proj.weight`,
+`layers.0.mlp.{{gate,up,down}}_proj.weight`, `layers.0.post_attention_layernorm.weight` (no
+`input_layernorm`, no `lm_head`: the target's is used), `config.json` = the target's Llama config with
+`num_hidden_layers: 1`, `architectures: ["LlamaForCausalLM"]`, `"bias": false` (`"bias": true` and
+`fc.bias` for `e2e_eagle_fcbias_*`). Its `fc` maps the token embedding to the hidden states' scale
+(50 x identity, the embedding's bigram guess through the target's `lm_head`) plus seeded Gaussian
+noise of relative size 0.5 on both halves; the layer has transformers' default initialisation.
+vLLM's own counters (`disable_log_stats=False`, `vllm:spec_decode_*`; `python reports/vllm/eagle_acceptance.py
+{{greedy|probabilistic}} [fc_bias]`, [eagle_acceptance.py](eagle_acceptance.py), 200 samples of 8 tokens,
+T = 1, K = 3, expansion patched) show both branches run often: greedy drafts 241 of 3597 draft tokens
+accepted (first position 213 of 1199, 18 %), probabilistic drafts 571 of 2790 (first position 403 of
+930, 43 %); the `"bias": true` head 32 of 4125 (finding 5).
 Engine settings: `VLLM_ENABLE_V1_MULTIPROCESSING=0`, `VLLM_CPU_KVCACHE_SPACE=1`, `dtype=float32`,
 `enforce_eager=True`, `skip_tokenizer_init=True`, `gpu_memory_utilization=0.3`, `max_model_len=128`.
 
@@ -81,6 +100,27 @@ registered by `current_platform.register_triton_kernel_overrides()`, as the engi
   target rows through `apply_sampling_constraints` (line 522): per-token temperature from
   `expand_batch_to_tokens` (line 581, `expanded_x = x.new_empty(num_tokens)` at line 611, filled by
   `expand_kernel`), `logits.div_(temperature)` (line 558), then top-k/top-p.
+
+EAGLE drafting (`method="eagle"`, vLLM {vllm}): `EagleProposer` (`vllm/v1/spec_decode/eagle.py`, line 10)
+is the shared `SpecDecodeBaseProposer` of `vllm/v1/spec_decode/llm_base_proposer.py` with
+`pass_hidden_states_to_model=True` (line 20), the same code that drafts for `method="draft_model"`.
+`SpeculativeConfig` wraps the head's Llama config in `EAGLEConfig` (`vllm/config/speculative.py`,
+lines 1403-1421; architecture `EagleLlamaForCausalLM`). The head (`vllm/model_executor/models/llama_eagle.py`)
+computes `fc(cat(embed(x_(t+1)), h_t))` (line 130) from the target's final hidden state, then one decoder
+layer without input norm (lines 53-57), no final norm (line 138), and the target's `lm_head` and
+embedding (`_maybe_share_lm_head`, line 1508; `_maybe_share_embeddings`, line 1416: shared when the
+checkpoint has none or an identical copy).
+- `draft_sample_method="greedy"` (the default, `speculative.py` line 600): `_sample_draft_tokens`
+  (line 478) returns `_greedy_sample` (line 438: `compute_logits(h).argmax(-1)`, line 448) and
+  `draft_probs=None` (line 484), so the rejection sampler treats each draft as a point mass
+  (accept with probability p(x), residual p without x). No randomness in the drafter.
+- `"probabilistic"` (`_enable_probabilistic_draft_probs`, lines 258-261, with
+  `rejection_sample_method="standard"`): `compute_probs_and_sample_next_token` (line 1822) divides
+  the draft logits by the request's temperature (line 1843) and ignores top-k/top-p (line 1846;
+  harmless for the law, since q itself goes to the sampler), samples by the exponential race
+  `argmax q / E` with `E = q.exponential_()` (line 1853) from torch's *global* generator
+  (`# TODO(woosuk): Consider seeds.`, line 1851), and keeps `q` (`_last_draft_probs`, line 773) for
+  the accept test `p(x)/q(x) >= u`. Request seeds are not used (finding 2 applies to EAGLE too).
 
 On CPU, `CpuPlatform.register_triton_kernel_overrides` (`vllm/platforms/cpu.py`, line 670) swaps the
 four kernels for C++ ops through `vllm/utils/cpu_triton_utils.py`: the accept kernel gets the uniforms
@@ -132,14 +172,15 @@ prints, for `x = [0.7, 1.0, 1.0]` float32 and `cu_num_tokens = [2, 5, 6]`, a res
 in the battery: any scenario of `forward_t1.0`, e.g. `--scenario pos16_noisy_k1`.
 
 End to end the same defect breaks every sampling configuration with speculation: `e2e_ngram_k3_t1.0`,
-`e2e_draft_greedy_k3_t1.0` and `e2e_draft_probabilistic_k3_t1.0` are not reproducible for a fixed
-seed (the control without speculation is, and passes), and `e2e_ngram_k3_t1.0_memoize` -- the same
-engine with repeated calls replayed so the statistics run -- is far from the target's law
-at every position from 2 on (the first token, sampled before any speculation, passes): goodness-of-fit
-statistics 433-1.2e4 with p between 4e-74 and 0 at N = 4000 per position. With only
-`expand_batch_to_tokens` replaced in the running engine (`patch_expand=True`), ngram and greedy
-draft-model speculation pass, and so does the probabilistic draft model once its RNG is seeded
-(finding 2), at temperatures 0.7-1.3 with top-k/top-p.
+`e2e_draft_greedy_k3_t1.0`, `e2e_draft_probabilistic_k3_t1.0` and `e2e_eagle_k3_t1.0` are not
+reproducible for a fixed seed (the control without speculation is, and passes), and
+`e2e_ngram_k3_t1.0_memoize` and `e2e_eagle_k3_t1.0_memoize` -- the same engines with repeated calls
+replayed so the statistics run -- are far from the target's law at every position from 2 on (the
+first token, sampled before any speculation, passes): goodness-of-fit statistics 433-1.2e4 (ngram)
+and 3.2e3-2.4e4 (EAGLE) with p = 0 at N = 4000 per position. With only `expand_batch_to_tokens`
+replaced in the running engine (`patch_expand=True`), ngram, greedy draft-model and greedy EAGLE
+speculation pass, and so do the probabilistic draft model and probabilistic EAGLE once the global
+RNG is seeded (finding 2), at temperatures 0.7-1.3 with top-k/top-p.
 
 ### 2. The probabilistic draft model ignores request seeds (runs with `seed` are not reproducible)
 
@@ -148,7 +189,9 @@ samples the drafts with `q.exponential_()` from torch's *global* generator (`# T
 seeds.`, line 1851), so with `draft_sample_method="probabilistic"` two runs with the same per-request
 `seed` differ (`e2e_draft_probabilistic_k3_t1.0_patch_expand`: 16 of 16 rows). This breaks the
 reproducibility `seed` promises, not the output law: seeding the global generator before each call
-(`seed_global_rng=True`) makes the runs reproducible and they pass.
+(`seed_global_rng=True`) makes the runs reproducible and they pass. EAGLE with
+`draft_sample_method="probabilistic"` runs the same function (`SpecDecodeBaseProposer`), so the same
+holds for it (`e2e_eagle_probabilistic_k3_t1.0_patch_expand_seed_global` passes).
 
 ### 3. (Read in the source, not observable statistically) an all-zero float32 residual recovers token 0
 
@@ -180,13 +223,34 @@ hit it. Minimal repro: `python reports/vllm/repro_topk_zero_drafts_crash.py`
 ([repro_topk_zero_drafts_crash.py](repro_topk_zero_drafts_crash.py)) prints
 `CRASH: RuntimeError: max(): Expected reduction dim to be specified for input.numel() == 0. ...`.
 
-### 5. Everything else passes
+### 5. An EAGLE-1 head with `"bias": true` runs with uninitialised attention biases
+
+EAGLE-1 builds its `fc` layer with `bias=config["bias"]` (SafeAILab/EAGLE `ea_model.py`; True when the
+key is absent), so such heads ship `fc.bias` and `"bias": true`. vLLM's `EagleLlamaForCausalLM` builds
+`fc` without a bias (`llama_eagle.py`, lines 110-118) and drops the unexpected `fc.bias`
+(`AutoWeightsLoader.load_weights` ignores `.bias` suffixes, `vllm/model_executor/models/utils.py`,
+line 458), while its `LlamaDecoderLayer` reads `config.bias` as *attention* bias
+(`vllm/model_executor/models/llama.py`, lines 268-271) and creates `qkv_proj.bias` and `o_proj.bias`,
+which the checkpoint lacks. `EagleLlamaForCausalLM.load_weights` returns None (lines 187-196), so the
+loader's "weights not initialized from checkpoint" check is skipped (`model_loader/default_loader.py`,
+lines 507-518, 562): the biases keep whatever `torch.empty` left (NaN, -2e38, 2e28 in our runs) and
+the drafts are garbage (0.8 % of draft tokens accepted on the tiny model, below the 3.4 % of uniformly
+random drafts; 18 % at the first position without the bias). This costs speed, not correctness: the
+drafts are still verified against the target, and `e2e_eagle_fcbias_k3_t1.0_patch_expand` passes. vLLM
+once renamed the fc-bias key to avoid exactly this clash (vLLM PR #9580, `eagle_fc_bias`, V0).
+Repro (standalone; a tiny random target and head in a temporary directory, no download):
+`python reports/vllm/repro_eagle_bias_uninitialized.py` ([repro_eagle_bias_uninitialized.py](repro_eagle_bias_uninitialized.py))
+prints `drafter parameters absent from the checkpoint (never loaded): ['model.layers.0.self_attn.o_proj.bias',
+'model.layers.0.self_attn.qkv_proj.bias']`, their (uninitialised) first values, `greedy run: 0 of 2880 draft
+tokens accepted` and `UNINITIALISED ATTENTION BIASES`.
+
+### 6. Everything else passes
 
 The accept and recovered kernels (C++ on CPU) with q and with `draft_probs=None`, the greedy
 kernel, the per-request and global seeding, the bonus sampler of `forward` (`fused_gumbel_argmax`),
-temperature scaling and top-k/top-p once the expansion is correct, and end to end ngram and draft-model
-speculation (greedy and probabilistic drafts) with the expansion patched show no deviation from the
-target's law at the detectable TVs above. The smoke run `forward_pointmass_patch_expand` graded one
+temperature scaling and top-k/top-p once the expansion is correct, and end to end ngram, draft-model
+and EAGLE speculation (greedy and probabilistic drafts) with the expansion patched show no deviation
+from the target's law at the detectable TVs above. The smoke run `forward_pointmass_patch_expand` graded one
 test suspicious before the reports were regenerated with per-group seeds (adjusted p 0.067, a
 warning); it passes now, and its follow-up at the standard tier (16x the samples on that scenario)
 flags nothing.

@@ -119,6 +119,21 @@ E2E_CONFIGS = (
          "diagnostic: draft model probabilistic, K=4, T=1.3, top_k=12, top_p=0.95, patched expand, seeded global RNG",
          method="draft_model", k=4, draft_sample_method="probabilistic", temperature=1.3, top_k=12, top_p=0.95,
          seed_global_rng=True, **PATCH),
+    _e2e("e2e_eagle_k3_t1.0", "pass", "`LLM` + EAGLE-1 head, draft_sample_method=greedy (vLLM's default), K=3, T=1",
+         method="eagle", k=3, draft_sample_method="greedy"),
+    _e2e("e2e_eagle_k3_t1.0_memoize", "pass", "the same, repeated calls replayed (law tested despite non-reproducibility)",
+         method="eagle", k=3, draft_sample_method="greedy", memoize=True),
+    _e2e("e2e_eagle_k3_t1.0_patch_expand", "pass", "diagnostic: EAGLE greedy, K=3, T=1, patched expand",
+         method="eagle", k=3, draft_sample_method="greedy", **PATCH),
+    _e2e("e2e_eagle_k2_t0.7_topk12_topp0.9_patch_expand", "pass",
+         "diagnostic: EAGLE greedy, K=2, T=0.7, top_k=12, top_p=0.9, patched expand", method="eagle", k=2,
+         draft_sample_method="greedy", temperature=0.7, top_k=12, top_p=0.9, **PATCH),
+    _e2e("e2e_eagle_probabilistic_k3_t1.0_patch_expand_seed_global", "pass",
+         "diagnostic: EAGLE draft_sample_method=probabilistic, K=3, T=1, patched expand, seeded global RNG",
+         method="eagle", k=3, draft_sample_method="probabilistic", seed_global_rng=True, **PATCH),
+    _e2e("e2e_eagle_fcbias_k3_t1.0_patch_expand", "pass",
+         "diagnostic: EAGLE greedy with an fc bias (`\"bias\": true`: uninitialised attention biases in vLLM), K=3, "
+         "T=1, patched expand", method="eagle", k=3, draft_sample_method="greedy", eagle_fc_bias=True, **PATCH),
 )
 CONFIGS = CONFIGS + E2E_CONFIGS
 # fmt: on
