@@ -125,6 +125,7 @@ def analyse_exact(
 
     expected = torch.zeros(L, V, dtype=torch.float64)  # (L, V) sum of exact conditionals per position
     pit_values, scores, variances = [], [], []
+    score_bound = 0.0
     bad_rows, bad_pos, bad_tok = [], [], []
     all_one_hot = True
     prompt_probs = None
@@ -149,7 +150,8 @@ def analyse_exact(
         flat = cond.reshape(b * L, V)  # (b L, V)
         flat_tokens = chunk.reshape(b * L)  # (b L,)
         pit_values.append(stats.randomised_pit(flat, flat_tokens, generator=pit_generator, order="p"))
-        sc, var = stats.entropy_scores(flat, flat_tokens)
+        sc, var, chunk_bound = stats.entropy_scores(flat, flat_tokens, with_bound=True)
+        score_bound = max(score_bound, chunk_bound)
         scores.append(np.asarray(sc, dtype=np.float64))
         variances.append(np.asarray(var, dtype=np.float64))
         for row, entries in wanted.items():
@@ -191,6 +193,7 @@ def analyse_exact(
             alpha=plan.alpha,
             name="entropy_score",
             position="all",
+            bound=score_bound,
             **labels,
         )
     )

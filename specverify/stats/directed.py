@@ -34,6 +34,8 @@ from ._common import as_float_array, as_probs, check_alpha, result_options
 __all__ = ["randomised_pit", "pit_test", "entropy_scores", "ratio_scores", "score_test", "acceptance_test"]
 
 _CHUNK = 1 << 22  # elements per (rows, V) block
+#: Largest share of a standard deviation of z one score may move before :func:`score_test` stops trusting the normal tail.
+LINDEBERG_SHARE = 0.5
 
 
 def _rows_and_tokens(probs_name, probs, tokens, *, size=None):
@@ -178,17 +180,30 @@ def pit_test(
     )
 
 
-def entropy_scores(probs, tokens):
+def entropy_scores(probs, tokens, *, with_bound: bool = False):
     """Scores ``log p(x) + H(p)`` (mean 0 under H0) and their exact conditional variances.
+
+    Parameters
+    ----------
+    probs : array (N, V)
+        Target law of each sample.
+    tokens : array (N,)
+        The emitted tokens.
+    with_bound : bool, default False
+        Also return the largest ``|log p(v) + H(p)|`` over every row's support: the bound
+        on a single score that :func:`score_test` uses to check that no score can dominate.
 
     Returns
     -------
     scores, variances : ndarray (N,), ndarray (N,)
         ``variances = sum p (log p)^2 - H^2``.  A token with p = 0 scores ``-inf``.
+    bound : float
+        Only with ``with_bound``.
     """
     p_all, x_all = _rows_and_tokens("probs", probs, tokens)
     scores = np.empty(x_all.size)
     variances = np.empty(x_all.size)
+    bound = 0.0
     step = max(1, _CHUNK // max(p_all.shape[1], 1))
     for s in range(0, x_all.size, step):
         p, x = p_all[s : s + step], x_all[s : s + step]  # (n, V), (n,)
@@ -198,10 +213,12 @@ def entropy_scores(probs, tokens):
         px = p[np.arange(x.size), x]
         scores[s : s + step] = np.where(px > 0, np.log(np.where(px > 0, px, 1.0)), -np.inf) + ent
         variances[s : s + step] = np.maximum(second - ent * ent, 0.0)
-    return scores, variances
+        if with_bound and x.size:
+            bound = max(bound, float(np.abs(np.where(p > 0, logp + ent[:, None], 0.0)).max()))
+    return (scores, variances, bound) if with_bound else (scores, variances)
 
 
-def ratio_scores(target_probs, draft_probs, tokens, *, clip: float | None = 10.0):
+def ratio_scores(target_probs, draft_probs, tokens, *, clip: float | None = 10.0, with_bound: bool = False):
     """Scores ``r(x) - sum_{p>0} p r`` with ``r = min(q/p, clip)`` (mean 0 under H0) and exact variances.
 
     With the ratio below ``clip`` everywhere this is ``q(x)/p(x) - sum_{p>0} q``.
@@ -219,11 +236,16 @@ def ratio_scores(target_probs, draft_probs, tokens, *, clip: float | None = 10.0
         (one hit of a p = 1e-6, q = 0.5 token gives |z| ~ 30 with probability N p).
         Clipping keeps the score bounded (|s| <= clip), so the martingale CLT applies,
         and loses little power (over-emitted high-q/p tokens still raise the mean).
+    with_bound : bool, default False
+        Also return the largest ``|r(v) - sum p r|`` over every row's support (see
+        :func:`entropy_scores`).
 
     Returns
     -------
     scores, variances : ndarray (N,), ndarray (N,)
         ``variances = sum_{p>0} p r^2 - (sum_{p>0} p r)^2``; a token with p = 0 scores ``inf``.
+    bound : float
+        Only with ``with_bound``.
     """
     p, x = _rows_and_tokens("target_probs", target_probs, tokens)
     q = as_probs("draft_probs", draft_probs, ndim=2, size=p.shape[1])
@@ -238,6 +260,7 @@ def ratio_scores(target_probs, draft_probs, tokens, *, clip: float | None = 10.0
             raise InvalidArgument(f"clip must be a positive number or None, got {clip!r}")
     scores = np.empty(x.size)
     variances = np.empty(x.size)
+    bound = 0.0
     step = max(1, _CHUNK // max(p.shape[1], 1))
     for s in range(0, x.size, step):
         pp, qq, xx = p[s : s + step], q[s : s + step], x[s : s + step]  # (n, V), (n, V), (n,)
@@ -252,7 +275,9 @@ def ratio_scores(target_probs, draft_probs, tokens, *, clip: float | None = 10.0
         px = pp[rows, xx]
         scores[s : s + step] = np.where(px > 0, ratio[rows, xx], np.inf) - mean
         variances[s : s + step] = np.maximum(second - mean * mean, 0.0)
-    return scores, variances
+        if with_bound and xx.size:
+            bound = max(bound, float(np.abs(np.where(pos, ratio - mean[:, None], 0.0)).max()))
+    return (scores, variances, bound) if with_bound else (scores, variances)
 
 
 def score_test(
@@ -265,6 +290,7 @@ def score_test(
     family: str = "directed",
     scenario: str = "",
     position: str = "",
+    bound: float | None = None,
 ) -> TestResult:
     """Martingale CLT z-test that mean-zero scores have mean zero (two-sided).
 
@@ -274,6 +300,13 @@ def score_test(
         Scores with conditional mean 0 under H0 (e.g. :func:`entropy_scores`).
     variances : array (N,)
         Their exact conditional variances.
+    bound : float, optional
+        The largest ``|score|`` any sample could have had, from the laws (not the draws;
+        ``with_bound=True`` of the score functions).  When one such score moves z by more
+        than ``LINDEBERG_SHARE`` standard deviations, the normal tail is not trusted (one
+        rare token would dominate the sum) and the p-value is the larger of the normal one
+        and Bernstein's (Freedman's) bound ``2 exp(-t^2 / (2 (W + bound t / 3)))``, t = |sum|,
+        W = sum var.
 
     Returns
     -------
@@ -287,7 +320,9 @@ def score_test(
     -----
     Valid (asymptotically) when the scores form a martingale difference sequence
     with the given conditional variances and no single score dominates the sum
-    (Lindeberg): sum var >> max var.
+    (Lindeberg): sum var >> max var.  Without ``bound`` that is assumed; with it, it is
+    checked, and where it fails the bounded-increment inequality (D. A. Freedman, "On tail
+    probabilities for martingales", Ann. Probab. 3 (1975)) keeps the test conservative.
     """
     opts = result_options(name, scenario, position)
     alpha = check_alpha("alpha", alpha)
@@ -322,15 +357,19 @@ def score_test(
         )
     z = total / math.sqrt(total_var)
     shift = (float(_st.norm.isf(alpha / 2)) + float(_st.norm.isf(1 - power))) * math.sqrt(total_var) / n
-    return TestResult(
-        statistic=z,
-        pvalue=float(min(1.0, 2.0 * _st.norm.sf(abs(z)))),
-        method="martingale CLT z-test: z = sum s / sqrt(sum exact conditional variances), two-sided normal",
-        family=family,
-        n=n,
-        details={"sum": total, "variance": total_var, "mean": total / n, "mde_mean_shift": shift},
-        **opts,
-    )
+    pvalue = float(min(1.0, 2.0 * _st.norm.sf(abs(z))))
+    method = "martingale CLT z-test: z = sum s / sqrt(sum exact conditional variances), two-sided normal"
+    details = {"sum": total, "variance": total_var, "mean": total / n, "mde_mean_shift": shift}
+    if bound is not None and float(bound) > LINDEBERG_SHARE * math.sqrt(total_var):
+        t = abs(total)
+        bernstein = min(1.0, 2.0 * math.exp(-t * t / (2.0 * (total_var + float(bound) * t / 3.0))))
+        pvalue = max(pvalue, bernstein)
+        method += (
+            f"; one score can move z by {float(bound) / math.sqrt(total_var):.3g} > {LINDEBERG_SHARE} sd (a rare "
+            "token dominates): p is the larger of the normal and Bernstein-Freedman tails"
+        )
+        details.update(score_bound=float(bound), bernstein_pvalue=bernstein)
+    return TestResult(statistic=z, pvalue=pvalue, method=method, family=family, n=n, details=details, **opts)
 
 
 def _poisson_binomial_pmf(probs: np.ndarray) -> tuple[int, np.ndarray]:

@@ -209,6 +209,48 @@ def test_scores_by_hand():
     assert r.statistic == pytest.approx(2.5 / 2) and r.pvalue == pytest.approx(2 * sps.norm.sf(1.25))
 
 
+def test_score_bounds_by_hand():
+    p = np.array([[0.5, 0.25, 0.25, 0.0]])
+    H = 1.5 * math.log(2)
+    *_, bound = stats.entropy_scores(p, [1], with_bound=True)
+    assert bound == pytest.approx(math.log(2) * 2 - H)  # |log 0.25 + H|; the p = 0 token is not in the support
+    *_, bound = stats.ratio_scores(p, np.array([[0.25, 0.25, 0.25, 0.25]]), [0], with_bound=True)
+    assert bound == pytest.approx(0.25)  # ratios 0.5, 1, 1 around their p-mean 0.75
+
+
+def test_score_test_does_not_trust_the_normal_tail_when_one_rare_token_dominates():
+    # Found by hypothesis (tests/test_harness.py): a law (0.499975, 0.499975, 5e-5) sampled 512
+    # times; the one hit of the rare token (probability 2.5% over the run) gave z = -6 under the
+    # normal tail.  Its score is 6 standard deviations of the whole sum, so the CLT cannot hold.
+    law = np.array([[0.499975, 0.499975, 0.00005]])
+    probs = np.repeat(law, 512, axis=0)
+    tokens = np.zeros(512, dtype=np.int64)
+    tokens[1::2] = 1
+    tokens[7] = 2
+    scores, variances, bound = stats.entropy_scores(probs, tokens, with_bound=True)
+    assert bound > 5 * math.sqrt(variances.sum())
+    normal = stats.score_test(scores, variances)
+    guarded = stats.score_test(scores, variances, bound=bound)
+    assert normal.pvalue < 1e-8 and guarded.statistic == normal.statistic
+    assert guarded.pvalue > 0.4 and "Bernstein" in guarded.method
+    # the exact probability of at least one such hit is 1 - (1 - 5e-5)^512 = 0.0253 >= alpha-level evidence
+    assert 1 - (1 - 5e-5) ** 512 > 0.02
+
+
+def test_score_bound_changes_nothing_when_no_score_dominates():
+    gen = np.random.default_rng(3)
+    law = np.array([0.4, 0.3, 0.2, 0.1])
+    tokens = gen.choice(4, size=4000, p=law)
+    probs = np.repeat(law[None], 4000, axis=0)
+    scores, variances, bound = stats.entropy_scores(probs, tokens, with_bound=True)
+    assert bound < stats.directed.LINDEBERG_SHARE * math.sqrt(variances.sum())
+    assert stats.score_test(scores, variances, bound=bound) == stats.score_test(scores, variances)
+    # power kept: a planted shift of 3% of the mass from the top token to the last is still caught
+    shifted = gen.choice(4, size=4000, p=[0.37, 0.3, 0.2, 0.13])
+    scores, variances, bound = stats.entropy_scores(probs, shifted, with_bound=True)
+    assert stats.score_test(scores, variances, bound=bound).pvalue < 1e-3
+
+
 def test_acceptance_exact_paths():
     # all equal -> scipy.stats.binomtest
     assert stats.acceptance_test(55, np.full(80, 0.6)).pvalue == pytest.approx(sps.binomtest(55, 80, 0.6).pvalue)
