@@ -65,8 +65,8 @@ __all__ = [
 
 INSTALL = (
     "python -m venv /work/venvs/openvino && . /work/venvs/openvino/bin/activate && pip install torch==2.13.0 && "
-    "echo torch==2.13.0 > /tmp/torch-pin.txt && "
-    "pip install 'openvino-genai==2026.4.*' 'optimum-intel[openvino]==2.2.*' -c /tmp/torch-pin.txt && "
+    "echo torch==2.13.0 > /work/venvs/openvino/torch-pin.txt && "
+    "pip install 'openvino-genai==2026.4.*' 'optimum-intel[openvino]==2.2.*' -c /work/venvs/openvino/torch-pin.txt && "
     'pip uninstall -y torchvision && pip install -e ".[test,plots]" torch==2.13.0'
 )
 PIPELINES = ("llm", "continuous")

@@ -95,7 +95,11 @@ differs in a few percent of the samples (`draft_k1_t1.0_determinism`, and
 `repro_nondeterministic_rng_seed.py`: about 10 of 300 seeds differ on a repeat, the count varying
 from run to run, also with one inference thread; 0 of 300 without a draft). So that the output law is tested in every
 configuration, the others replay a repeated call's first output (`memoize=True`, the decoder's
-diagnostic option); the determinism check alone is what `..._determinism` adds.
+diagnostic option); the determinism check alone is what `..._determinism` adds. Because of this
+non-determinism, regenerating a draft-model report changes its statistics (a fresh-venv rerun of
+`draft_k3_t1.0` differed from the committed report in 23 of 66 results, largest relative change
+0.22; a borderline test moved from suspicious to fail); its verdict, FAIL, did not change. The
+no-draft controls reproduce exactly.
 
 Models: a tiny seeded Llama (V = 32, 2 layers, hidden 64; `specverify.adapters.vllm_engine.save_tiny_models`)
 and a draft that is the target with Gaussian noise of half each matrix's standard deviation, so both
@@ -182,6 +186,12 @@ neither is audited here.
 
 {repro}
 """
+
+
+#: Draft-model configurations: the engine is not reproducible per ``rng_seed`` with a draft model, so
+#: a fresh process gives other numbers (the verdict stands); ``tests/test_repro.py`` compares only
+#: their verdicts.
+NONDETERMINISTIC = frozenset(name for name, _, _ in CONFIGS if name.startswith("draft_"))
 
 
 def _versions() -> dict:

@@ -143,6 +143,12 @@ tests; smaller deviations were not ruled out. Greedy runs are exact equality che
 Point-mass configurations run only the battery's one-hot-drafter scenarios (`pos2_least_likely_k2`,
 `pos256_flat_argmax_k4`): with `draft_probs=None` vLLM assumes q is a point mass, which a stochastic
 drafter violates (the control shows the suite catches that misuse).
+Reproducibility: every other configuration reruns to the same statistics in a fresh process
+(`tests/test_repro.py`, in this virtualenv). Nine cannot, because the engine's own output varies
+from process to process: the unpatched sampled configurations and their memoized variants read
+uninitialised memory (finding 1), the probabilistic draft model ignores request seeds (finding 2)
+and the `"bias": true` EAGLE head runs on uninitialised biases (finding 5); for those
+(`NONDETERMINISTIC` in `vllm_reports.py`) the rerun must give the same verdict.
 
 Strongest evidence per configuration (smallest adjusted p of a flagged test, or the first
 implementation error) and the command that reproduces each report:

@@ -203,7 +203,9 @@ def sparse_test(
     counted = float((w * (reach_up <= log_cut)).sum() + (w * (reach_low <= log_cut)).sum())
     pvalue = min(1.0, a * max(counted, float(w[worst])))  # the attained pair always counts
     expected = n * probs
-    z = (obs - expected) / np.sqrt(expected * (1.0 - probs))
+    with np.errstate(divide="ignore", invalid="ignore"):  # a token of p = 1 in float64 has no z (0 / 0)
+        z = (obs - expected) / np.sqrt(expected * (1.0 - probs))
+    z = np.where(np.isfinite(z), z, 0.0)
     side = "over" if upper[worst] <= lower[worst] else "under"
     top_id = int(np.argmax(probs))
     top = float(probs[top_id])

@@ -172,3 +172,13 @@ def test_gof_pair_runs_both_tests_in_one_family():
     assert (sparse.scenario, sparse.position) == ("s", "abs=1")
     named = gof_pair(counts, p, name="declared_gof", family="consistency")
     assert [r.name for r in named] == ["declared_gof", "declared_sparse"] and named[1].family == "consistency"
+
+
+def test_a_token_of_probability_one_in_float64_has_no_nan_statistic():
+    # 1 - p rounds to 0 for the top token: its z is 0 / 0; the statistic stays finite (no warning)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = sparse_test(np.array([100, 0]), np.array([1.0, 1e-300]))
+    assert np.isfinite(result.statistic) and result.pvalue == 1.0
