@@ -122,6 +122,22 @@ def test_reference_passes_on_arbitrary_models(pair, k, seed):
     assert report.passed, report.summary()
 
 
+def test_reference_passes_where_one_rare_token_dominates_the_entropy_score():
+    # The example hypothesis found above (before score_test took score bounds): a 5e-5 token in the
+    # initial law, hit once in 512 first tokens, gave entropy_score z = -6.1, adjusted p 2e-8 < alpha.
+    rare = 1e-4 / 2.0001
+    target = tables.MarkovTable.from_table(
+        [[0, 0, 1], [1 / 3, 1 / 3, 1 / 3], [0, 0, 1], [(1 - rare) / 2, (1 - rare) / 2, rare]], name="rare"
+    )
+    drafter = tables.MarkovTable.from_table([[1 / 3] * 3, [1, 0, 0], [1, 0, 0], [1 / 3] * 3], name="drafter")
+    report = check_verifier_on(
+        _fast, target, drafter, k=2, batch_size=256, length=5, num_groups=2, seed=4858, alpha=1e-7
+    )
+    entropy = [r for r in report.results if r.name == "entropy_score"]
+    assert report.passed, report.summary()
+    assert entropy and "Bernstein" in entropy[0].method and entropy[0].statistic < -5
+
+
 def test_planted_deviation_is_caught_on_small_models():
     """Power check for the property test's configuration: residual = p must fail."""
 
