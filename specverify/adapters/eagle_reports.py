@@ -18,7 +18,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from specverify.adapters.vllm_reports import readme_rows, report_main, write_atomic
+from specverify.adapters.vllm_reports import readme_rows, report_main
+from specverify.report.io import atomic_write_text
 
 __all__ = ["CONFIGS", "write_readme", "main"]
 
@@ -164,7 +165,7 @@ def write_readme(out: Path, *, seed: int, tier: str) -> Path:
         findings=FINDINGS,
         command=f"python -m specverify.adapters.eagle_reports --out {out} --seed {seed} --tier {tier}",
     )
-    return write_atomic(out / "README.md", text)
+    return atomic_write_text(out / "README.md", text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,13 +39,13 @@ Install (own virtualenv; see :data:`INSTALL`).  References: openvino.genai
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import torch
 
+from specverify.adapters.runtime import cache_root
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.validation import check_int, check_shape, check_tokens
 
@@ -178,7 +178,7 @@ def export_tiny_models(root=None, *, seed: int = 0, draft_noise: float = 0.5) ->
     from specverify.adapters.vllm_engine import save_tiny_models
 
     hf_dirs = save_tiny_models(root, seed=seed, draft_noise=draft_noise)  # validates seed, draft_noise
-    root = Path(root or os.environ.get("SPECVERIFY_CACHE", Path.home() / ".cache" / "specverify"))
+    root = cache_root(root)
     base = root / f"openvino-tiny-llama-s{seed}-n{float(draft_noise):g}"
     base.mkdir(parents=True, exist_ok=True)
     paths = base / "target", base / "draft"

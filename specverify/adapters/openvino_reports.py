@@ -18,7 +18,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from specverify.adapters.vllm_reports import readme_rows, report_main, write_atomic
+from specverify.adapters.vllm_reports import readme_rows, report_main
+from specverify.report.io import atomic_write_text
 
 __all__ = ["CONFIGS", "TEMPLATE", "write_readme", "main"]
 
@@ -243,7 +244,7 @@ def write_readme(out: Path, *, seed: int, tier: str) -> Path:
         repro=_repro_text(out),
         command=f"python -m specverify.adapters.openvino_reports --out {out} --seed {seed} --tier {tier}",
     )
-    return write_atomic(out / "README.md", text)
+    return atomic_write_text(out / "README.md", text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,11 +40,11 @@ initialisation (normal, std 0.02; norms 1).  All from a private ``torch.Generato
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
 
+from specverify.adapters.runtime import cache_root
 from specverify.core.errors import InvalidArgument
 from specverify.core.validation import check_int
 
@@ -160,12 +160,13 @@ def save_tiny_eagle(root=None, *, seed: int = 0, noise: float = 0.5, fc_bias: bo
     from safetensors.torch import load_file, save_file
 
     from specverify.adapters.vllm_engine import save_tiny_models
+    from specverify.report.io import atomic_write_text
 
     seed = check_int("seed", seed, minimum=0, maximum=2**62)
     noise = float(noise)
     if not 0.0 <= noise < float("inf"):
         raise InvalidArgument(f"noise must be a finite number >= 0, got {noise!r}")
-    root = Path(root or os.environ.get("SPECVERIFY_CACHE", Path.home() / ".cache" / "specverify"))
+    root = cache_root(root)
     if not isinstance(fc_bias, bool):
         raise InvalidArgument(f"fc_bias must be True or False, got {fc_bias!r}")
     path = root / f"vllm-tiny-eagle-s{seed}-n{noise:g}{'-fcbias' if fc_bias else ''}"
@@ -177,7 +178,6 @@ def save_tiny_eagle(root=None, *, seed: int = 0, noise: float = 0.5, fc_bias: bo
     state = eagle_state_dict(embed, target_config, seed=seed, noise=noise, fc_bias=fc_bias)
     path.mkdir(parents=True, exist_ok=True)
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
-    tmp = path / "config.json.tmp"  # config last: its presence marks a complete directory
-    tmp.write_text(json.dumps(eagle_config(target_config, fc_bias=fc_bias), indent=2, sort_keys=True) + "\n")
-    tmp.replace(path / "config.json")
+    config = json.dumps(eagle_config(target_config, fc_bias=fc_bias), indent=2, sort_keys=True) + "\n"
+    atomic_write_text(path / "config.json", config)  # config last: its presence marks a complete directory
     return path

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from specverify.adapters.runtime import cache_root
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.validation import check_int
 
@@ -68,7 +69,7 @@ def save_tiny_models(root=None, *, seed: int = 0, draft_noise: float = 0.5) -> t
     draft_noise = float(draft_noise)
     if not 0.0 <= draft_noise < float("inf"):
         raise InvalidArgument(f"draft_noise must be a finite number >= 0, got {draft_noise!r}")
-    root = Path(root or os.environ.get("SPECVERIFY_CACHE", Path.home() / ".cache" / "specverify"))
+    root = cache_root(root)
     base = root / f"vllm-tiny-llama-s{seed}-n{draft_noise:g}"
     paths = base / "target", base / "draft"
     if not all((p / "config.json").exists() for p in paths):

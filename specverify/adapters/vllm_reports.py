@@ -23,13 +23,14 @@ import sys
 import time
 from pathlib import Path
 
+from specverify.report.io import atomic_write_text
+
 __all__ = [
     "CONFIGS",
     "run_config",
     "evidence",
     "detectable",
     "readme_rows",
-    "write_atomic",
     "report_main",
     "write_readme",
     "main",
@@ -237,7 +238,7 @@ def write_readme(out: Path, *, seed: int, tier: str) -> Path:
         max_diff=max_diff,
         command=f"python -m specverify.adapters.vllm_reports --out {out} --seed {seed} --tier {tier}",
     )
-    return write_atomic(out / "README.md", text)
+    return atomic_write_text(out / "README.md", text)
 
 
 def readme_rows(out: Path, configs) -> tuple[list[str], list[str]]:
@@ -257,14 +258,6 @@ def readme_rows(out: Path, configs) -> tuple[list[str], list[str]]:
         )
         lines.append(f"- `{name}`: {evidence(rep)}\n  `{rep['command']}`")
     return rows, lines
-
-
-def write_atomic(target: Path, text: str) -> Path:
-    """Write ``text`` to ``target`` through a temporary file (never half-written)."""
-    tmp = target.with_suffix(target.suffix + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(target)
-    return target
 
 
 def report_main(argv, *, doc: str, default_out: str, configs, write_readme) -> int:

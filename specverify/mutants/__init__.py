@@ -120,19 +120,31 @@ def _build() -> tuple[CatalogueEntry, ...]:
 
 
 def _importable(entries_) -> None:
-    """Make each generated entry function its module's attribute under its qualname.
+    """Make every entry function pickle by reference, in any fresh interpreter.
 
-    Then it pickles by reference, as sharded runs need (:mod:`specverify.shard`: a worker
-    process gets the implementation by name).
+    A function pickles as ``(module, qualname)``.  Written-out functions already resolve
+    that way; generated ones (named after their entry) are registered here as attributes of
+    this module and given it as ``__module__``, and unpickling imports this module, whose
+    import rebuilds the same catalogue (sharded runs send implementations to workers this
+    way: :mod:`specverify.shard`).
     """
+    import importlib
     import sys
 
+    here = sys.modules[__name__]
     for entry in entries_:
         fn = entry.fn
-        module = sys.modules.get(getattr(fn, "__module__", "") or "")
-        qualname = getattr(fn, "__qualname__", "")
-        if module is not None and qualname.isidentifier() and not hasattr(module, qualname):
-            setattr(module, qualname, fn)
+        try:
+            module = importlib.import_module(fn.__module__)
+            resolved = getattr(module, fn.__qualname__, None)
+        except (AttributeError, ImportError, TypeError):
+            resolved = None
+        if resolved is fn:
+            continue
+        if not entry.name.isidentifier() or getattr(here, entry.name, fn) is not fn:
+            raise RuntimeError(f"catalogue entry {entry.name!r} cannot be registered in {__name__}")
+        fn.__module__, fn.__qualname__ = __name__, entry.name
+        setattr(here, entry.name, fn)
 
 
 CATALOGUE: tuple[CatalogueEntry, ...] = _build()
