@@ -242,6 +242,10 @@ def run_battery(job: Job, scenarios: Sequence, *, tier: str, alpha: float, paral
     from specverify import stats
     from specverify.shard.anytime import SHARE, AnytimeStop
 
+    if not scenarios:  # e.g. every chosen tree scenario skipped
+        return BatteryOutcome([], [], {}, {}, {})
+    if progress is not None:
+        progress(0, len(scenarios), scenarios[0].name)
     stopper = AnytimeStop(scenarios, alpha=alpha, tree=job.kind == "tree_verifier") if parallel.until_decisive else None
     if stopper is None:  # the stopping rule needs the records of every group
         job = dataclasses.replace(job, analyse=analyse)
@@ -276,4 +280,6 @@ def run_battery(job: Job, scenarios: Sequence, *, tier: str, alpha: float, paral
     if not parallel.default:
         extra["sharding"] = collected.record
     timings = {**collected.seconds}
+    if progress is not None:
+        progress(len(scenarios), len(scenarios), "")
     return BatteryOutcome(list(graded), errors, timings, collected.cpu_seconds, extra, summaries)

@@ -403,11 +403,11 @@ def check_verifier(
             errors += errs
             timings[scenario.name] = secs
             cpu[scenario.name] = time.process_time() - cpu_scenario
+        if progress is not None:
+            progress(len(chosen), len(chosen), "")
         graded = stats.grade(results, alpha=alpha)
     else:
         analyse = functools.partial(analyse_scenario, alpha=alpha, seed=seed)
-        if progress is not None:
-            progress(0, len(chosen), chosen[0].name)
         job = Job("verifier", verify, tier, seed, dev, prob_dtype)
         outcome = run_battery(
             job, chosen, tier=tier, alpha=alpha, parallel=parallel, progress=progress, analyse=analyse
@@ -419,8 +419,6 @@ def check_verifier(
             outcome.cpu_seconds,
             outcome.extra,
         )
-    if progress is not None:
-        progress(len(chosen), len(chosen), "")
     verdict = FAIL if errors else stats.verdict(graded)
     timings["total"] = time.perf_counter() - start
     cpu["total"] = time.process_time() - cpu_start

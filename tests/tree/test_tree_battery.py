@@ -52,6 +52,17 @@ def test_reference_uniforms_in_kernel_runs_the_edge_coin_scenario():
     assert {r.family for r in report.results} == {"protocol", "support"}
 
 
+def test_only_skipped_scenarios_give_a_report_with_the_skip_note():
+    from specverify.verifier.tree.battery import SKIP_NOTE
+
+    calls = []
+    report = check_tree_verifier(
+        verify_tree, scenarios=["pos32_disjoint_edge_coins"], progress=lambda *a: calls.append(a)
+    )
+    assert report.results == [] and report.extra["trees"]["pos32_disjoint_edge_coins"]["note"] == SKIP_NOTE
+    assert calls == []  # nothing ran, nothing to report progress on
+
+
 @pytest.mark.parametrize("entry", [e for e in TREE_ENTRIES if e.lossy], ids=lambda e: e.name)
 def test_every_tree_mutant_is_caught_on_its_witness(entry):
     report = check_tree_verifier(

@@ -31,7 +31,7 @@ from specverify.core.devices import check_device, check_prob_dtype, device_extra
 from specverify.core.errors import InvalidArgument
 from specverify.core.results import FAIL, Report, TestResult, protocol_result
 from specverify.core.validation import check_run_options
-from specverify.shard.collect import Parallel, collect_runs, run_battery
+from specverify.shard.collect import Parallel, run_battery
 from specverify.shard.work import Job
 from specverify.verifier.battery import analyse_run, callable_name, environment
 from specverify.verifier.scenarios import TIERS
@@ -92,24 +92,6 @@ def accepted_length_results(tree_run: TreeHarnessRun, scenario: TreeScenario, ta
         if first is None:  # the most visited root context: its counts and exact law go to the report
             first = {"root": f"({tc},{dc})", "length_counts": observed.tolist(), "length_probs": expected.tolist()}
     return out, "", first
-
-
-def run_tree_scenario(
-    verify_tree, scenario: TreeScenario, *, tier: str, seed: int, alpha: float, device=None, dtype=None
-):
-    """Run one tree scenario in this process: ``(results, errors, summary, seconds)``.
-
-    Its groups are seeded from (seed, scenario, group) as in every sharded run
-    (:mod:`specverify.shard`), so this is the scenario's part of :func:`check_tree_verifier`.
-    """
-    start = time.perf_counter()
-    if _skipped(verify_tree, scenario):
-        return [], [], {"note": SKIP_NOTE}, 0.0
-    job = Job("tree_verifier", verify_tree, tier, seed, device, dtype)
-    collected = collect_runs(job, [scenario], tier=tier)
-    run, error = collected.runs.get(scenario.name), collected.errors.get(scenario.name)
-    results, errors, summary = tree_scenario_results(scenario, run, error, alpha=alpha, seed=seed)
-    return results, errors, summary, time.perf_counter() - start
 
 
 SKIP_NOTE = "skipped: edge coins need a uniforms-in kernel (verify_tree.kernel)"
@@ -239,14 +221,10 @@ def check_tree_verifier(
 
     analyse = functools.partial(tree_scenario_results, alpha=alpha, seed=seed)
 
-    if progress is not None:
-        progress(0, len(chosen), chosen[0].name)
     outcome = run_battery(
         Job("tree_verifier", verify_tree, tier, seed, dev, prob_dtype), runnable, tier=tier, alpha=alpha,
         parallel=parallel, progress=progress, analyse=analyse,
     )  # fmt: skip
-    if progress is not None:
-        progress(len(chosen), len(chosen), "")
     graded, errors, timings = outcome.results, outcome.errors, outcome.timings
     summaries.update(outcome.summaries)
     summaries = {s.name: summaries[s.name] for s in chosen if s.name in summaries}
