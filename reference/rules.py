@@ -133,7 +133,7 @@ def _min_and_block_sums(parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     n, m = parts.shape
     if parts.device.type != "cpu" or torch.get_num_threads() == 1 or parts.numel() <= CPU_CHUNK_ELEMENTS:
         return torch.amin(parts), parts.sum(-1)
-    step = max(1, CPU_CHUNK_ELEMENTS // m)
+    step = chunk_rows(n, m, parts.device)  # several threads: below the parallel grain size
     sums = torch.empty(n, dtype=parts.dtype)  # (n,)
     mins = torch.empty((n + step - 1) // step, dtype=parts.dtype)  # one per chunk
     for i, start in enumerate(range(0, n, step)):

@@ -74,18 +74,16 @@ def test_worker_processes_give_the_inline_report():
 
 
 def test_a_killed_worker_is_retried_and_changes_nothing(tmp_path):
-    inline = sv.check_verifier(verify, tier="smoke", seed=1, scenarios=SCENARIOS)
     fault = KillOnce(str(tmp_path / "killed"), shard=2)
     job = Job("verifier", verify, "smoke", 1, fault=fault)
     collected = collect_runs(job, get_scenarios(SCENARIOS), tier="smoke", shards=4, workers=2)
     assert fault.fired()
     incidents = collected.record["incidents"]
     assert incidents and all("BrokenProcessPool" in i["error"] for i in incidents)
+    undisturbed = collect_runs(Job("verifier", verify, "smoke", 1), get_scenarios(SCENARIOS), tier="smoke").runs
     for name in SCENARIOS:  # the merged runs, hence every statistic, are the undisturbed ones
-        again = collect_runs(Job("verifier", verify, "smoke", 1), get_scenarios([name]), tier="smoke").runs[name]
-        assert torch.equal(collected.runs[name].tokens, again.tokens)
-        assert collected.runs[name].num_calls == again.num_calls
-    assert inline.verdict == "pass"
+        assert torch.equal(collected.runs[name].tokens, undisturbed[name].tokens)
+        assert collected.runs[name].num_calls == undisturbed[name].num_calls
 
 
 def test_implementation_errors_are_findings_not_retries():

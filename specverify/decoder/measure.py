@@ -22,6 +22,7 @@ import torch
 from specverify.core.errors import InvalidArgument
 from specverify.core.results import TestResult
 from specverify.core.validation import check_int
+from specverify.decoder.exact import prefix_ids
 from specverify.decoder.protocol import (
     call_generate,
     generate_fn,
@@ -94,10 +95,9 @@ def measure_decoder_divergence(
     positions = [check_int("positions", t, minimum=1, maximum=max_new_tokens) for t in positions]
     conformance: list[TestResult] = []
     by_position = []
+    all_ids = prefix_ids(samples, p_all.shape[-1])  # (N, L) the prefix before each position
     for t in (t - 1 for t in positions):
-        _, ids = (
-            torch.unique(samples[:, :t], dim=0, return_inverse=True) if t else (None, torch.zeros_like(samples[:, 0]))
-        )
+        ids = all_ids[:, t]  # (N,)
         first = torch.zeros(int(ids.max()) + 1, dtype=torch.long).scatter_(
             0, ids.flip(0), torch.arange(num_samples).flip(0)
         )

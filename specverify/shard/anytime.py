@@ -57,11 +57,10 @@ class AnytimeStop:
         for scenario in scenarios:
             target, _ = scenario.build()
             self.vocab[scenario.name] = target.vocab_size
-            marginals = target.context_marginals(scenario.length).numpy() @ target.table.numpy()  # (L, V)
+            marginals = target.token_marginals(scenario.length).numpy()  # (L, V)
             for t in range(scenario.length):
                 self.processes[(scenario.name, t)] = CategoricalEProcess(marginals[t])
         self.threshold = math.log(len(self.processes) / (alpha * SHARE))  # log(1 / (alpha SHARE / m))
-        self.alpha = alpha
         self.tokens = 0
         self.shards = 0
         self.decisive: tuple[str, int] | None = None

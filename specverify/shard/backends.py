@@ -27,7 +27,6 @@ import logging
 import multiprocessing
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
 
 from specverify.core.errors import InvalidArgument, SpecVerifyError
 from specverify.core.validation import check_int
@@ -138,10 +137,7 @@ def _processes(job, shards, workers, on_output, retries) -> list[dict]:
                     shard = futures.pop(future)
                     try:
                         output = future.result()
-                    except BrokenProcessPool as exc:  # a worker died: every unfinished shard is resubmitted
-                        attempts.failed(shard, exc)
-                        continue
-                    except Exception as exc:  # an infrastructure error raised in the worker
+                    except Exception as exc:  # a worker died (BrokenProcessPool) or an infrastructure error
                         attempts.failed(shard, exc)
                         continue
                     del pending[shard.index]

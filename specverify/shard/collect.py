@@ -28,7 +28,7 @@ from specverify.shard.work import (
     GroupOutput,
     Job,
     ShardOutput,
-    merge_group_runs,
+    merge_outputs,
     registered_scenario,
 )
 
@@ -150,16 +150,14 @@ def collect_runs(
         outputs.sort(key=lambda g: g.group)
         out.seconds[name] = sum(g.seconds for g in outputs)
         out.cpu_seconds[name] = sum(g.cpu_seconds for g in outputs)
-        failed = [g.error for g in outputs if g.error is not None]
         if isinstance(outputs[0].run, Analysed):  # the worker held the whole scenario and analysed it
             out.analysed[name] = outputs[0].run
         elif job.kind == "task":  # every group's (output, error) as it is: the caller reads them
             out.runs[name] = [(g.run, g.error) for g in outputs]
-        elif failed:
-            out.errors[name] = failed[0]  # the first in group order: the same for every plan
-            out.runs[name] = None
         else:
-            out.runs[name] = merge_group_runs(job.kind, [g.run for g in outputs])
+            out.runs[name], error = merge_outputs(job.kind, outputs)
+            if error is not None:
+                out.errors[name] = error
     out.record = {
         "backend": backend,
         "workers": workers,

@@ -186,13 +186,19 @@ def run_shard(job: Job, shard: Shard) -> ShardOutput:
 def _analysed(job: Job, scenario, groups: list[GroupOutput]) -> GroupOutput:
     """One scenario's groups (all of them, in order) merged and analysed: a group -1 output holding :class:`Analysed`."""
     t0, c0 = time.perf_counter(), time.process_time()
-    failed = [g.error for g in groups if g.error is not None]
-    merged = None if failed else merge_group_runs(job.kind, [g.run for g in groups])
-    results, errors, summary = job.analyse(scenario, merged, failed[0] if failed else None)
+    results, errors, summary = job.analyse(scenario, *merge_outputs(job.kind, groups))
     analysed = Analysed(tuple(results), tuple(errors), summary, len(groups))
     seconds = sum(g.seconds for g in groups) + time.perf_counter() - t0
     cpu = sum(g.cpu_seconds for g in groups) + time.process_time() - c0
     return GroupOutput(scenario.name, -1, analysed, None, seconds, cpu)
+
+
+def merge_outputs(kind: str, groups) -> tuple:
+    """``(merged run, None)`` of a scenario's group outputs (in group order), or ``(None, first error)``."""
+    failed = [g.error for g in groups if g.error is not None]
+    if failed:
+        return None, failed[0]  # the first in group order: the same for every plan
+    return merge_group_runs(kind, [g.run for g in groups]), None
 
 
 def merge_group_runs(kind: str, runs):

@@ -49,18 +49,23 @@ def token_tail_pvalues(counts: np.ndarray, probs: np.ndarray, n: int) -> tuple[n
     return upper, lower
 
 
-def _pair_weights(probs: np.ndarray, n: int, *, e_min: float, share: float, tilt: float) -> np.ndarray:
-    """Bonferroni weight of each (token, side) pair, (S,), fixed from p and n; twice their sum is 1.
+def _pair_weights(
+    probs: np.ndarray, n: int, *, e_min: float, share: float, tilt: float
+) -> tuple[np.ndarray, int, float]:
+    """Bonferroni weight of each (token, side) pair, (S,), fixed from p and n (twice their sum is 1),
+    the number of frequent tokens and the share they got.
 
     ``share`` goes to the tokens with ``n p >= e_min`` (where a small move is hard to see)
-    in proportion to ``p**tilt``, the rest equally to the others.
+    in proportion to ``p**tilt``, the rest equally to the others (all of it to one group
+    when the other is empty).
     """
     frequent = n * probs >= e_min  # (S,)
     nf, nr = int(frequent.sum()), int((~frequent).sum())
     share = share if nf and nr else (1.0 if nf else 0.0)
     tilted = np.where(frequent, probs**tilt, 0.0)  # (S,)
     rare = (1.0 - share) / (2 * max(nr, 1))
-    return np.where(frequent, share * tilted / (2 * max(float(tilted.sum()), 1e-300)), rare)  # (S,)
+    weights = np.where(frequent, share * tilted / (2 * max(float(tilted.sum()), 1e-300)), rare)  # (S,)
+    return weights, nf, share
 
 
 def gof_pair(
@@ -189,9 +194,7 @@ def sparse_test(
             details={"mde_point_mass": math.inf}, **opts,
         )  # fmt: skip
     upper, lower = token_tail_pvalues(obs, probs, n)
-    w = _pair_weights(probs, n, e_min=float(e_min), share=share_in, tilt=float(tilt))  # (S,) per side
-    nf = int((n * probs >= e_min).sum())
-    share = share_in if 0 < nf < probs.size else (1.0 if nf else 0.0)
+    w, nf, share = _pair_weights(probs, n, e_min=float(e_min), share=share_in, tilt=float(tilt))  # (S,) per side
     ratio = np.minimum(upper, lower) / w  # (S,)
     a = float(ratio.min())  # the weighted-Bonferroni statistic min tail / weight
     # most extreme tails each (token, side) can reach: all n draws on it / none on it

@@ -43,6 +43,7 @@ from specverify.core.results import _jsonable
 from specverify.core.validation import check_int
 from specverify.drafter.costmodel import expected_tokens_per_round, speedup
 from specverify.verifier.measure import MeasureResult, measure_divergence
+from specverify.verifier.tree.measure import measure_tree_divergence
 
 __all__ = ["SweepPoint", "SweepResult", "sweep", "DEFAULT_DRAFT_COST", "KINDS"]
 
@@ -212,27 +213,12 @@ def sweep(
         verify = make_verify(value)
         if not callable(verify):
             raise InvalidArgument(f"make_verify({value!r}) must return a verify callable, got {verify!r}")
+        common = dict(scenario=scenario, tier=tier, seed=seed, level=level, batch_size=batch_size, length=length)
         if kind == "tree":
-            from specverify.verifier.tree.measure import measure_tree_divergence
-
-            result = measure_tree_divergence(
-                verify, scenario=scenario, tier=tier, seed=seed, level=level, batch_size=batch_size, length=length
-            )
-            points.append(_point(value, result, draft_cost))
-            _report(progress, knob, value, result)
-            continue
-        law = declared_law(value) if declared_law is not None else getattr(verify, "declared_law", None)
-        result = measure_divergence(
-            verify,
-            scenario=scenario,
-            tier=tier,
-            seed=seed,
-            level=level,
-            declared_law=law,
-            alpha=alpha,
-            batch_size=batch_size,
-            length=length,
-        )
+            result = measure_tree_divergence(verify, **common)
+        else:
+            law = declared_law(value) if declared_law is not None else getattr(verify, "declared_law", None)
+            result = measure_divergence(verify, declared_law=law, alpha=alpha, **common)
         points.append(_point(value, result, draft_cost))
         _report(progress, knob, value, result)
     first = points[0].measure
