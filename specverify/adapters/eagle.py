@@ -60,6 +60,7 @@ Shapes: B batch, N nodes, V vocabulary, P paths (leaves) of a row, D maximum dep
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -356,13 +357,9 @@ def _number(name: str, value, *, low: float, high: float = float("inf")) -> floa
     return v
 
 
-_DEFAULTS: dict[float, EagleTreeVerifier] = {}
-
-
+@functools.cache
 def _default(temperature: float) -> EagleTreeVerifier:
-    if temperature not in _DEFAULTS:
-        _DEFAULTS[temperature] = EagleTreeVerifier(temperature=temperature)
-    return _DEFAULTS[temperature]
+    return EagleTreeVerifier(temperature=temperature)
 
 
 def sampling_tree_verifier(target_probs, draft_probs, tokens, parents, *, mode, generator):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from specverify.adapters.vllm_reports import readme_rows, report_main
+from specverify.adapters.vllm_reports import decoder_target_args, readme_rows, report_main
 from specverify.report.io import atomic_write_text
 
 __all__ = ["CONFIGS", "TEMPLATE", "write_readme", "main"]
@@ -27,15 +27,8 @@ MOD = "specverify.adapters.openvino"
 
 
 def _config(name: str, what: str, **options) -> tuple[str, str, list[str]]:
-    """A configuration: ``tiny_decoder`` with ``options`` against ``tiny_target`` with the sampling ones."""
-    args = ["--decoder", f"{MOD}:tiny_decoder"]
-    for key, value in options.items():
-        args += ["--decoder-option", f"{key}={value}"]
-    args += ["--target", f"{MOD}:tiny_target"]
-    for key in ("temperature", "top_k", "top_p"):
-        if key in options:
-            args += ["--target-option", f"{key}={options[key]}"]
-    return name, what, args
+    """A configuration of :mod:`specverify.adapters.openvino` (:func:`~specverify.adapters.vllm_reports.decoder_target_args`)."""
+    return name, what, decoder_target_args(MOD, **options)
 
 
 # fmt: off

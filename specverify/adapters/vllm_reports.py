@@ -28,6 +28,7 @@ from specverify.report.io import atomic_write_text
 __all__ = [
     "CONFIGS",
     "run_config",
+    "decoder_target_args",
     "evidence",
     "detectable",
     "readme_rows",
@@ -84,16 +85,21 @@ CONFIGS: tuple[tuple[str, str, str, list[str]], ...] = (
 E2E = "specverify.adapters.vllm_engine"
 
 
-def _e2e(name: str, expected: str, what: str, **options) -> tuple[str, str, str, list[str]]:
-    """An end-to-end configuration: ``tiny_decoder`` with ``options`` against ``tiny_target`` with the sampling ones."""
-    args = ["--decoder", f"{E2E}:tiny_decoder"]
+def decoder_target_args(module: str, **options) -> list[str]:
+    """Audit arguments: ``module:tiny_decoder`` with ``options`` against ``module:tiny_target`` with the sampling ones."""
+    args = ["--decoder", f"{module}:tiny_decoder"]
     for key, value in options.items():
         args += ["--decoder-option", f"{key}={value}"]
-    args += ["--target", f"{E2E}:tiny_target"]
+    args += ["--target", f"{module}:tiny_target"]
     for key in ("temperature", "top_k", "top_p"):
         if key in options:
             args += ["--target-option", f"{key}={options[key]}"]
-    return name, expected, what, args
+    return args
+
+
+def _e2e(name: str, expected: str, what: str, **options) -> tuple[str, str, str, list[str]]:
+    """An end-to-end configuration of :mod:`specverify.adapters.vllm_engine`."""
+    return name, expected, what, decoder_target_args(E2E, **options)
 
 
 PATCH = dict(patch_expand=True)
