@@ -243,8 +243,12 @@ def verify(
     for start in range(0, B, step):  # chunks keep each row's float64 work in cache on CPU
         stop = min(start + step, B)
         # (p - q)+ on rejected rows, p on the others (p - 0 * q == p exactly), in float64.
+        # Converted first: a float32 x float32 x float64 addcmul takes ATen's slow casting loop.
         weights = torch.addcmul(
-            target_rows.rows(start, stop), draft_rows.rows(start, stop), rejected[start:stop], value=-1.0
+            target_rows.rows(start, stop).double(),
+            draft_rows.rows(start, stop).double(),
+            rejected[start:stop],
+            value=-1.0,
         ).clamp_min_(0.0)  # (b, V) float64
         cdf = weights.cumsum_(-1)  # (b, V)
         total = cdf[:, -1:]  # (b, 1)
