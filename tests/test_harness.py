@@ -9,10 +9,16 @@ from hypothesis import strategies as st
 
 from reference.rules import verify as reference_verify
 from specverify.core import tables
-from specverify.core.errors import ImplementationError
+from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.verifier import zoo
 from specverify.verifier.battery import check_verifier_on
-from specverify.verifier.harness import acceptance_overlap, run_harness, sample_contexts, validate_verifier_output
+from specverify.verifier.harness import (
+    acceptance_overlap,
+    harness_setup,
+    run_harness,
+    sample_contexts,
+    validate_verifier_output,
+)
 from specverify.verifier.strategies import table_models
 
 
@@ -45,6 +51,26 @@ def test_run_bookkeeping_is_consistent():
     # one trial per draft judged; acceptance probabilities are sum min(p, q)
     assert run.trial_positions.min() >= 1 and run.trial_positions.max() <= 3
     assert ((run.trial_accept_probs >= 0) & (run.trial_accept_probs <= 1 + 1e-12)).all()
+
+
+def test_shared_setup_gives_the_same_runs_and_refuses_other_models():
+    target = tables.markov(6, seed=3)
+    drafter = zoo.make_drafter("noisy", target)
+    setup = harness_setup(target, drafter, k=2)
+    common = dict(k=2, batch_size=32, length=7)
+    for group in range(3):  # one setup serves every group; each run equals one built from scratch
+        own = run_harness(_fast, target, drafter, generator=torch.Generator().manual_seed(group), **common)
+        shared = run_harness(
+            _fast, target, drafter, generator=torch.Generator().manual_seed(group), setup=setup, **common
+        )
+        for field in ("tokens", "target_contexts", "draft_contexts", "trial_positions", "trial_accept_probs"):
+            assert torch.equal(getattr(own, field), getattr(shared, field)), field
+    other = zoo.make_drafter("uniform", target)
+    with pytest.raises(InvalidArgument, match="different drafter"):
+        run_harness(_fast, target, other, generator=torch.Generator().manual_seed(0), setup=setup, **common)
+    with pytest.raises(InvalidArgument, match="different k"):
+        run_harness(_fast, target, drafter, generator=torch.Generator().manual_seed(0), setup=setup, k=3,
+                    batch_size=32, length=7)  # fmt: skip
 
 
 def test_overlap_table():

@@ -125,7 +125,16 @@ def registered_scenario(kind: str, name: str):
     return get_tree_scenarios([name])[0]
 
 
-def _run_group(job: Job, scenario, target, drafter, group: int):
+def _setup(job: Job, scenario, target, drafter):
+    """The chain harness' precomputed tables, shared by a scenario's groups in this shard (None for trees)."""
+    if job.kind != "verifier":
+        return None
+    from specverify.verifier.harness import harness_setup
+
+    return harness_setup(target, drafter, k=scenario.k, verifier_dtype=job.dtype or torch.float32, device=job.device)
+
+
+def _run_group(job: Job, scenario, target, drafter, group: int, setup=None):
     """The harness run of one group, seeded from (root seed, scenario, group)."""
     from specverify.verifier.harness import run_harness
     from specverify.verifier.tree.harness import run_tree_harness
@@ -137,6 +146,7 @@ def _run_group(job: Job, scenario, target, drafter, group: int):
             job.implementation, target, drafter, k=scenario.k, batch_size=scenario.batch_size,
             length=scenario.length, generator=generator, num_groups=1,
             verifier_dtype=job.dtype or torch.float32, determinism_rows=determinism_rows, device=job.device,
+            setup=setup,
         )  # fmt: skip
     generator = torch.Generator().manual_seed(group_seed(job.seed, "tree/" + scenario.name, group))
     return run_tree_harness(
@@ -165,11 +175,12 @@ def run_shard(job: Job, shard: Shard) -> ShardOutput:
             continue
         scenario = _scenario(job, item.scenario)
         target, drafter = scenario.build()
+        setup = _setup(job, scenario, target, drafter)
         first = len(outputs)
         for group in item.groups:
             t0, c0 = time.perf_counter(), time.process_time()
             try:
-                run, error = _run_group(job, scenario, target, drafter, group), None
+                run, error = _run_group(job, scenario, target, drafter, group, setup), None
             except ImplementationError as exc:
                 row = f" (row {exc.row})" if exc.row is not None and not str(exc).startswith("row") else ""
                 run, error = None, f"{scenario.name}: {exc}{row}"

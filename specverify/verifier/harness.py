@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from specverify.core.devices import check_device
+from specverify.core.errors import InvalidArgument
 from specverify.core.tables import TableModel
 from specverify.core.validation import check_generator, check_int
 from specverify.verifier.protocol import call_verifier, check_determinism, validate_verifier_output
@@ -57,6 +58,8 @@ from specverify.verifier.rounds import (
 
 __all__ = [
     "HarnessRun",
+    "HarnessSetup",
+    "harness_setup",
     "run_harness",
     "validate_verifier_output",
     "call_verifier",
@@ -121,6 +124,79 @@ def sample_contexts(cdf_table: torch.Tensor, contexts: torch.Tensor, *, generato
     return _ContextSampler(cdf_table)(contexts, generator=generator)
 
 
+@dataclass(frozen=True)
+class HarnessSetup:
+    """What :func:`run_harness` precomputes from its models, built once by :func:`harness_setup`.
+
+    Everything here depends only on the two models, K, the verifier's dtype and device, so the
+    runs of one scenario's groups (each its own :func:`run_harness` call, seeded per group)
+    share one.
+
+    Attributes
+    ----------
+    target, drafter : TableModel
+        The models it was built for (compared by identity).
+    k : int
+    verifier_dtype : torch.dtype
+    device : torch.device
+    draft_sampler : _ContextSampler
+        Exact draws from the drafter's rows (their float64 CDFs, as
+        :func:`reference.sampling.sample` computes them).
+    steps : tuple of two _Transitions
+        Context transitions of the target and the drafter.
+    target_table, draft_table : Tensor (Ct, V), (Cd, V)
+        The tables in ``verifier_dtype``, on ``device``.
+    overlap : Tensor (Ct, Cd) float64 or None
+        ``sum_x min(p, q)`` per context pair (:func:`acceptance_overlap`), None when too large.
+    """
+
+    target: TableModel
+    drafter: TableModel
+    k: int
+    verifier_dtype: torch.dtype
+    device: torch.device
+    draft_sampler: _ContextSampler
+    steps: tuple[_Transitions, _Transitions]
+    target_table: torch.Tensor
+    draft_table: torch.Tensor
+    overlap: torch.Tensor | None
+
+    def check_matches(self, target, drafter, k: int, verifier_dtype, device: torch.device) -> None:
+        """Raise :class:`InvalidArgument` unless this setup was built for these models and options."""
+        built = (self.target, self.drafter, self.k, self.verifier_dtype, self.device)
+        given = (target, drafter, k, verifier_dtype, device)
+        names = ("target", "drafter", "k", "verifier_dtype", "device")
+        for name, mine, theirs in zip(names, built, given):
+            same = mine is theirs if name in ("target", "drafter") else mine == theirs
+            if not same:
+                shown = "another model" if name in ("target", "drafter") else repr(theirs)
+                raise InvalidArgument(f"setup was built for a different {name} (got {shown}, built for {mine!r})")
+
+
+def harness_setup(
+    target: TableModel, drafter: TableModel, *, k: int, verifier_dtype: torch.dtype = torch.float32, device=None
+) -> HarnessSetup:
+    """The :class:`HarnessSetup` of :func:`run_harness` for these models and options (see there)."""
+    K = check_int("k", k, minimum=1)
+    if drafter.vocab_size != target.vocab_size:
+        raise ValueError(f"drafter vocabulary {drafter.vocab_size} != target vocabulary {target.vocab_size}")
+    dev = check_device("device", device)
+    t_tab = target.table32 if verifier_dtype == torch.float32 else target.table.to(verifier_dtype)  # (Ct, V)
+    d_tab = drafter.table32 if verifier_dtype == torch.float32 else drafter.table.to(verifier_dtype)  # (Cd, V)
+    return HarnessSetup(
+        target=target,
+        drafter=drafter,
+        k=K,
+        verifier_dtype=verifier_dtype,
+        device=dev,
+        draft_sampler=_ContextSampler(torch.cumsum(drafter.table, -1)),
+        steps=(_Transitions(target, K), _Transitions(drafter, K)),
+        target_table=t_tab.to(dev),  # (Ct, V) once on the device
+        draft_table=d_tab.to(dev),  # (Cd, V)
+        overlap=acceptance_overlap(target, drafter),
+    )
+
+
 class _ReusedBuffer:
     """A CPU buffer for tensors handed to the verifier, reused only while nothing else holds it.
 
@@ -166,6 +242,7 @@ def run_harness(
     verifier_dtype: torch.dtype = torch.float32,
     determinism_rows: int = 64,
     device=None,
+    setup: HarnessSetup | None = None,
 ) -> HarnessRun:
     """Run speculative decoding with ``verify`` on table models; see the module docstring.
 
@@ -195,11 +272,17 @@ def run_harness(
         device, and its output is validated there and copied back in one transfer.  The
         drafting and all bookkeeping stay on the CPU, so ``device="cpu"`` is bit-identical
         to the default.
+    setup : HarnessSetup, optional
+        The precomputed tables of these models, ``k``, ``verifier_dtype`` and ``device``
+        (:func:`harness_setup`), shared by the runs of one scenario's groups; built here when
+        omitted.  A run's output does not depend on whether it is passed.
 
     Raises
     ------
     ImplementationError
         when the verifier raises or violates its protocol.
+    InvalidArgument
+        when ``setup`` was built for other models or options.
     """
     K = check_int("k", k, minimum=1)
     B = check_int("batch_size", batch_size, minimum=1)
@@ -209,19 +292,18 @@ def run_harness(
     if drafter.vocab_size != target.vocab_size:
         raise ValueError(f"drafter vocabulary {drafter.vocab_size} != target vocabulary {target.vocab_size}")
     V = target.vocab_size
-    seeds = torch.randint(0, 2**62, (3,), generator=generator).tolist()
     dev = check_device("device", device)
+    if setup is None:
+        setup = harness_setup(target, drafter, k=K, verifier_dtype=verifier_dtype, device=dev)
+    else:
+        setup.check_matches(target, drafter, K, verifier_dtype, dev)
+    seeds = torch.randint(0, 2**62, (3,), generator=generator).tolist()
     on_cpu = dev.type == "cpu"
     draft_gen = torch.Generator().manual_seed(seeds[0])
     verify_gen = torch.Generator(device=dev).manual_seed(seeds[1])
-    # Float64 CDFs of the drafter's rows, as reference.sampling.sample computes them.
-    draft_sampler = _ContextSampler(torch.cumsum(drafter.table, -1))
-    t_tab = target.table32 if verifier_dtype == torch.float32 else target.table.to(verifier_dtype)  # (Ct, V)
-    d_tab = drafter.table32 if verifier_dtype == torch.float32 else drafter.table.to(verifier_dtype)  # (Cd, V)
-    t_tab, d_tab = t_tab.to(dev), d_tab.to(dev)  # (Ct, V), (Cd, V) once on the device
+    draft_sampler, steps, t_tab, d_tab = setup.draft_sampler, setup.steps, setup.target_table, setup.draft_table
     target_buffer, draft_buffer = _ReusedBuffer(t_tab.dtype), _ReusedBuffer(d_tab.dtype)
-    steps = (_Transitions(target, K), _Transitions(drafter, K))
-    trials = _Trials(target, drafter, K)
+    trials = _Trials(target, drafter, K, overlap=setup.overlap)
     start = time.perf_counter()
     groups, num_calls = [], 0
     for _ in range(G):

@@ -207,9 +207,11 @@ def _target_contexts(step: _Transitions, tcur: torch.Tensor, drafts: torch.Tenso
 class _Trials:
     """Acceptance trials of every round: in-block position, exact accept probability, outcome."""
 
-    def __init__(self, target: TableModel, drafter: TableModel, K: int):
+    def __init__(self, target: TableModel, drafter: TableModel, K: int, overlap: torch.Tensor | None = None):
+        """``overlap``: :func:`acceptance_overlap` of the two models, when already computed (else computed here)."""
         self.target, self.drafter, self.K = target, drafter, K
-        overlap = acceptance_overlap(target, drafter)  # (Ct, Cd) or None
+        if overlap is None:
+            overlap = acceptance_overlap(target, drafter)  # (Ct, Cd) or None
         self.overlap_flat = overlap.view(-1) if overlap is not None else None  # (Ct*Cd,)
         self.ar = torch.arange(K)  # (K,)
         self.positions: list[torch.Tensor] = []
