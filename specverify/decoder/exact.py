@@ -150,7 +150,7 @@ def analyse_exact(
         flat = cond.reshape(b * L, V)  # (b L, V)
         flat_tokens = chunk.reshape(b * L)  # (b L,)
         pit_values.append(stats.randomised_pit(flat, flat_tokens, generator=pit_generator, order="p"))
-        sc, var, chunk_bound = stats.entropy_scores(flat, flat_tokens, with_bound=True)
+        sc, var, chunk_bound = stats.entropy_scores(flat, flat_tokens)
         score_bound = max(score_bound, chunk_bound)
         scores.append(np.asarray(sc, dtype=np.float64))
         variances.append(np.asarray(var, dtype=np.float64))

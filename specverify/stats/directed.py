@@ -180,7 +180,7 @@ def pit_test(
     )
 
 
-def entropy_scores(probs, tokens, *, with_bound: bool = False):
+def entropy_scores(probs, tokens):
     """Scores ``log p(x) + H(p)`` (mean 0 under H0) and their exact conditional variances.
 
     Parameters
@@ -189,16 +189,15 @@ def entropy_scores(probs, tokens, *, with_bound: bool = False):
         Target law of each sample.
     tokens : array (N,)
         The emitted tokens.
-    with_bound : bool, default False
-        Also return the largest ``|log p(v) + H(p)|`` over every row's support: the bound
-        on a single score that :func:`score_test` uses to check that no score can dominate.
 
     Returns
     -------
     scores, variances : ndarray (N,), ndarray (N,)
         ``variances = sum p (log p)^2 - H^2``.  A token with p = 0 scores ``-inf``.
     bound : float
-        Only with ``with_bound``.
+        The largest ``|log p(v) + H(p)|`` over every row's support, from the laws (not the
+        draws): the bound on a single score that :func:`score_test` uses to check that no
+        score can dominate.  ``score_test(*entropy_scores(probs, tokens))`` passes it.
     """
     p_all, x_all = _rows_and_tokens("probs", probs, tokens)
     scores = np.empty(x_all.size)
@@ -213,12 +212,12 @@ def entropy_scores(probs, tokens, *, with_bound: bool = False):
         px = p[np.arange(x.size), x]
         scores[s : s + step] = np.where(px > 0, np.log(np.where(px > 0, px, 1.0)), -np.inf) + ent
         variances[s : s + step] = np.maximum(second - ent * ent, 0.0)
-        if with_bound and x.size:
+        if x.size:
             bound = max(bound, float(np.abs(np.where(p > 0, logp + ent[:, None], 0.0)).max()))
-    return (scores, variances, bound) if with_bound else (scores, variances)
+    return scores, variances, bound
 
 
-def ratio_scores(target_probs, draft_probs, tokens, *, clip: float | None = 10.0, with_bound: bool = False):
+def ratio_scores(target_probs, draft_probs, tokens, *, clip: float | None = 10.0):
     """Scores ``r(x) - sum_{p>0} p r`` with ``r = min(q/p, clip)`` (mean 0 under H0) and exact variances.
 
     With the ratio below ``clip`` everywhere this is ``q(x)/p(x) - sum_{p>0} q``.
@@ -236,16 +235,13 @@ def ratio_scores(target_probs, draft_probs, tokens, *, clip: float | None = 10.0
         (one hit of a p = 1e-6, q = 0.5 token gives |z| ~ 30 with probability N p).
         Clipping keeps the score bounded (|s| <= clip), so the martingale CLT applies,
         and loses little power (over-emitted high-q/p tokens still raise the mean).
-    with_bound : bool, default False
-        Also return the largest ``|r(v) - sum p r|`` over every row's support (see
-        :func:`entropy_scores`).
 
     Returns
     -------
     scores, variances : ndarray (N,), ndarray (N,)
         ``variances = sum_{p>0} p r^2 - (sum_{p>0} p r)^2``; a token with p = 0 scores ``inf``.
     bound : float
-        Only with ``with_bound``.
+        The largest ``|r(v) - sum p r|`` over every row's support (see :func:`entropy_scores`).
     """
     p, x = _rows_and_tokens("target_probs", target_probs, tokens)
     q = as_probs("draft_probs", draft_probs, ndim=2, size=p.shape[1])
@@ -275,14 +271,15 @@ def ratio_scores(target_probs, draft_probs, tokens, *, clip: float | None = 10.0
         px = pp[rows, xx]
         scores[s : s + step] = np.where(px > 0, ratio[rows, xx], np.inf) - mean
         variances[s : s + step] = np.maximum(second - mean * mean, 0.0)
-        if with_bound and xx.size:
+        if xx.size:
             bound = max(bound, float(np.abs(np.where(pos, ratio - mean[:, None], 0.0)).max()))
-    return (scores, variances, bound) if with_bound else (scores, variances)
+    return scores, variances, bound
 
 
 def score_test(
     scores,
     variances,
+    bound: float | None = None,
     *,
     alpha: float = 1e-3,
     power: float = 0.9,
@@ -290,7 +287,6 @@ def score_test(
     family: str = "directed",
     scenario: str = "",
     position: str = "",
-    bound: float | None = None,
 ) -> TestResult:
     """Martingale CLT z-test that mean-zero scores have mean zero (two-sided).
 
@@ -302,7 +298,8 @@ def score_test(
         Their exact conditional variances.
     bound : float, optional
         The largest ``|score|`` any sample could have had, from the laws (not the draws;
-        ``with_bound=True`` of the score functions).  When one such score moves z by more
+        the third value the score functions return, so ``score_test(*entropy_scores(...))``
+        passes it).  When one such score moves z by more
         than ``LINDEBERG_SHARE`` standard deviations, the normal tail is not trusted (one
         rare token would dominate the sum) and the p-value is the larger of the normal one
         and Bernstein's (Freedman's) bound ``2 exp(-t^2 / (2 (W + bound t / 3)))``, t = |sum|,

@@ -187,13 +187,13 @@ def _directed(run: HarnessRun, target, drafter, *, common, seed) -> list[TestRes
     pos = f"rows<{rows}"
     pit = stats.randomised_pit(p, tok, generator=gen, order="p")
     out.append(stats.pit_test(pit, name="pit_p", position=pos, **common))
-    scores, var, bound = stats.entropy_scores(p, tok, with_bound=True)
+    scores, var, bound = stats.entropy_scores(p, tok)
     if var.sum() > 1e-12:
         out.append(stats.score_test(scores, var, name="entropy_score", position=pos, bound=bound, **common))
     drafted = dctx >= 0  # positions 1..K (the bonus has no draft law)
     if int(drafted.sum()) >= 50 and not torch.equal(target.table, drafter.table):
         pd, qd, xd = p[drafted], drafter.table[dctx[drafted]], tok[drafted]
-        scores, var, bound = stats.ratio_scores(pd, qd, xd, with_bound=True)
+        scores, var, bound = stats.ratio_scores(pd, qd, xd)
         if var.sum() > 1e-12:
             out.append(stats.score_test(scores, var, name="ratio_score", position=pos, bound=bound, **common))
             pit = stats.randomised_pit(pd, xd, generator=gen, order="ratio", draft_probs=qd)

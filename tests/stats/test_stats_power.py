@@ -136,8 +136,8 @@ def test_score_power_at_reported_mde(score, reps):
     def scores(tokens):
         return stats.entropy_scores(P, tokens) if score == "entropy" else stats.ratio_scores(P, D, tokens)
 
-    s_null, v = scores(rng.integers(0, V, N))
-    shift = stats.score_test(s_null, v, alpha=ALPHA).details["mde_mean_shift"]
+    s_null, v, bound = scores(rng.integers(0, V, N))
+    shift = stats.score_test(s_null, v, bound, alpha=ALPHA).details["mde_mean_shift"]
     one = np.arange(V)  # the score of each token, from single-row inputs
     per_token = (
         stats.entropy_scores(p[None].repeat(V, 0), one)[0]

@@ -196,12 +196,12 @@ def test_randomised_pit_by_hand():
 
 def test_scores_by_hand():
     p = np.array([[0.5, 0.25, 0.25, 0.0]])
-    s, v = stats.entropy_scores(p, [1])
+    s, v, _ = stats.entropy_scores(p, [1])
     H = 1.5 * math.log(2)
     assert s[0] == pytest.approx(math.log(0.25) + H)
     assert v[0] == pytest.approx(0.5 * math.log(2) ** 2 + 0.5 * (2 * math.log(2)) ** 2 - H**2)
     q = np.array([[0.25, 0.25, 0.25, 0.25]])
-    s, v = stats.ratio_scores(p, q, [0])
+    s, v, _ = stats.ratio_scores(p, q, [0])
     assert s[0] == pytest.approx(0.5 - 0.75)
     assert v[0] == pytest.approx(0.0625 / 0.5 + 2 * 0.0625 / 0.25 - 0.75**2)
     assert stats.score_test([np.inf, 0.0], [1.0, 1.0]).pvalue == 0.0
@@ -212,9 +212,9 @@ def test_scores_by_hand():
 def test_score_bounds_by_hand():
     p = np.array([[0.5, 0.25, 0.25, 0.0]])
     H = 1.5 * math.log(2)
-    *_, bound = stats.entropy_scores(p, [1], with_bound=True)
+    *_, bound = stats.entropy_scores(p, [1])
     assert bound == pytest.approx(math.log(2) * 2 - H)  # |log 0.25 + H|; the p = 0 token is not in the support
-    *_, bound = stats.ratio_scores(p, np.array([[0.25, 0.25, 0.25, 0.25]]), [0], with_bound=True)
+    *_, bound = stats.ratio_scores(p, np.array([[0.25, 0.25, 0.25, 0.25]]), [0])
     assert bound == pytest.approx(0.25)  # ratios 0.5, 1, 1 around their p-mean 0.75
 
 
@@ -227,11 +227,12 @@ def test_score_test_does_not_trust_the_normal_tail_when_one_rare_token_dominates
     tokens = np.zeros(512, dtype=np.int64)
     tokens[1::2] = 1
     tokens[7] = 2
-    scores, variances, bound = stats.entropy_scores(probs, tokens, with_bound=True)
+    scores, variances, bound = stats.entropy_scores(probs, tokens)
     assert bound > 5 * math.sqrt(variances.sum())
-    normal = stats.score_test(scores, variances)
+    normal = stats.score_test(scores, variances)  # the bound not passed: the normal tail
     guarded = stats.score_test(scores, variances, bound=bound)
     assert normal.pvalue < 1e-8 and guarded.statistic == normal.statistic
+    assert stats.score_test(*stats.entropy_scores(probs, tokens)) == guarded  # the default unpacking guards
     # the chance of at least one such hit is 1 - (1 - 5e-5)^512 = 0.025: no evidence at all
     assert guarded.pvalue > 0.4 and "Bernstein" in guarded.method
 
@@ -241,12 +242,12 @@ def test_score_bound_changes_nothing_when_no_score_dominates():
     law = np.array([0.4, 0.3, 0.2, 0.1])
     tokens = gen.choice(4, size=4000, p=law)
     probs = np.repeat(law[None], 4000, axis=0)
-    scores, variances, bound = stats.entropy_scores(probs, tokens, with_bound=True)
+    scores, variances, bound = stats.entropy_scores(probs, tokens)
     assert bound < stats.directed.LINDEBERG_SHARE * math.sqrt(variances.sum())
     assert stats.score_test(scores, variances, bound=bound) == stats.score_test(scores, variances)
     # power kept: a planted shift of 3% of the mass from the top token to the last is still caught
     shifted = gen.choice(4, size=4000, p=[0.37, 0.3, 0.2, 0.13])
-    scores, variances, bound = stats.entropy_scores(probs, shifted, with_bound=True)
+    scores, variances, bound = stats.entropy_scores(probs, shifted)
     assert stats.score_test(scores, variances, bound=bound).pvalue < 1e-3
 
 
