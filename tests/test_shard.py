@@ -57,7 +57,9 @@ def test_merge_is_concatenation_in_group_order():
     merged = merge_runs(parts)
     assert torch.equal(merged.tokens, torch.cat([p.tokens for p in parts]))
     assert merged.num_calls == sum(p.num_calls for p in parts) and merged.num_groups == 3
-    whole = collect_runs(job, [scenario], tier="smoke", shards=5).runs[scenario.name]  # 8 groups, 5 shards
+    whole = collect_runs(job, [scenario], tier="smoke", parallel=Parallel(shards=5)).runs[
+        scenario.name
+    ]  # 8 groups, 5 shards
     inline = collect_runs(job, [scenario], tier="smoke").runs[scenario.name]
     assert torch.equal(whole.tokens, inline.tokens) and torch.equal(whole.trial_accepted, inline.trial_accepted)
     with pytest.raises(InvalidArgument):
@@ -76,7 +78,7 @@ def test_worker_processes_give_the_inline_report():
 def test_a_killed_worker_is_retried_and_changes_nothing(tmp_path):
     fault = KillOnce(str(tmp_path / "killed"), shard=2)
     job = Job("verifier", verify, "smoke", 1, fault=fault)
-    collected = collect_runs(job, get_scenarios(SCENARIOS), tier="smoke", shards=4, workers=2)
+    collected = collect_runs(job, get_scenarios(SCENARIOS), tier="smoke", parallel=Parallel(shards=4, workers=2))
     assert fault.fired()
     incidents = collected.record["incidents"]
     assert incidents and all("BrokenProcessPool" in i["error"] for i in incidents)

@@ -288,8 +288,7 @@ def check_decoder(
     else:  # one unit per prompt: every prompt's seeds derive from (seed, prompt index)
         collected = collect_runs(
             Job("task", dataclasses.replace(task, tick=None), tier, seed), [TaskUnits("prompts", len(prompt_list))],
-            tier=tier, shards=parallel.shards, backend=parallel.backend, workers=parallel.workers,
-            retries=parallel.retries, ray_address=parallel.ray_address,
+            tier=tier, parallel=parallel,
         )  # fmt: skip
         outputs, sharding = [output for output, _ in collected.runs["prompts"]], collected.record
     for (res, failure, scenario, summary, secs), record in zip(outputs, records):

@@ -83,31 +83,63 @@ class Collected:
     record: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Parallel:
+    """How a battery's sampling runs execute: shard plan, backend, workers, retries, anytime stopping.
+
+    The defaults run everything in this process; the statistics never depend on these options
+    (only ``until_decisive`` changes the report: the anytime e-processes and their alpha share).
+    """
+
+    workers: int = 1
+    backend: str | None = None
+    shards: int | None = None
+    ray_address: str | None = None
+    retries: int = 2
+    until_decisive: bool = False
+
+    def __post_init__(self):
+        backend, workers = check_backend(self.backend, self.workers)
+        object.__setattr__(self, "backend", backend)
+        if self.shards is not None:
+            check_int("shards", self.shards, minimum=1)
+        check_int("retries", self.retries, minimum=0)
+        if self.ray_address is not None and backend != "ray":
+            raise InvalidArgument(f"ray_address needs backend='ray', got backend={backend!r}")
+
+    @property
+    def default(self) -> bool:
+        return self == Parallel()
+
+    def keywords(self) -> dict:
+        """The non-default options, as keyword arguments of the audit (for the recorded command)."""
+        return {k: v for k, v in vars(self).items() if v != getattr(Parallel(), k)}
+
+
 def collect_runs(
     job: Job,
     scenarios: Sequence,
     *,
     tier: str,
-    shards: int | None = None,
-    backend: str | None = None,
-    workers: int = 1,
-    retries: int = 2,
-    ray_address: str | None = None,
+    parallel: Parallel | None = None,
     progress: Callable[[int, int, str], None] | None = None,
     stop: Callable[[ShardOutput], bool] | None = None,
 ) -> Collected:
     """Run ``scenarios``' groups as shards and merge them per scenario (see the module docstring).
 
+    ``parallel`` says how (shards, backend, workers, retries, Ray address; default: inline, in
+    this process); its ``until_decisive`` is the caller's business (pass ``stop``).
     ``progress(done, total, name)`` is called as scenarios complete (done < total) -- the
     battery makes the final call.  ``stop(output)`` may end the run early (True); the
     scenarios it did not complete are left out of ``runs``.
     """
-    backend, workers = check_backend(backend, workers)
+    parallel = Parallel() if parallel is None else parallel
+    backend, workers, ray_address = parallel.backend, parallel.workers, parallel.ray_address
     if job.kind != "task":  # the workers run these very scenarios, not the registry's namesakes
         own = tuple(s for s in scenarios if not _registered(job.kind, s))
         if own:
             job = dataclasses.replace(job, scenarios=own)
-    num_shards = shards
+    num_shards = parallel.shards
     if num_shards is None and stop is not None:  # check the stopping rule often: a shard per group (capped)
         num_shards = min(MAX_ANYTIME_SHARDS, sum(s.num_groups(tier) for s in scenarios))
     elif num_shards is None:
@@ -141,7 +173,13 @@ def collect_runs(
         return False
 
     incidents = execute(
-        job, plan, backend=backend, workers=workers, on_output=on_output, retries=retries, ray_address=ray_address
+        job,
+        plan,
+        backend=backend,
+        workers=workers,
+        on_output=on_output,
+        retries=parallel.retries,
+        ray_address=ray_address,
     )
     merge_start = time.perf_counter()
     for name, outputs in groups.items():
@@ -179,39 +217,6 @@ def _registered(kind: str, scenario) -> bool:
         return False
 
 
-@dataclass(frozen=True)
-class Parallel:
-    """How a battery's sampling runs execute: shard plan, backend, workers, retries, anytime stopping.
-
-    The defaults run everything in this process; the statistics never depend on these options
-    (only ``until_decisive`` changes the report: the anytime e-processes and their alpha share).
-    """
-
-    workers: int = 1
-    backend: str | None = None
-    shards: int | None = None
-    ray_address: str | None = None
-    retries: int = 2
-    until_decisive: bool = False
-
-    def __post_init__(self):
-        backend, workers = check_backend(self.backend, self.workers)
-        object.__setattr__(self, "backend", backend)
-        if self.shards is not None:
-            check_int("shards", self.shards, minimum=1)
-        check_int("retries", self.retries, minimum=0)
-        if self.ray_address is not None and backend != "ray":
-            raise InvalidArgument(f"ray_address needs backend='ray', got backend={backend!r}")
-
-    @property
-    def default(self) -> bool:
-        return self == Parallel()
-
-    def keywords(self) -> dict:
-        """The non-default options, as keyword arguments of the audit (for the recorded command)."""
-        return {k: v for k, v in vars(self).items() if v != getattr(Parallel(), k)}
-
-
 @dataclass
 class BatteryOutcome:
     """What a sharded sampling battery produced: graded results, errors, timings and its record."""
@@ -247,10 +252,7 @@ def run_battery(job: Job, scenarios: Sequence, *, tier: str, alpha: float, paral
     stopper = AnytimeStop(scenarios, alpha=alpha, tree=job.kind == "tree_verifier") if parallel.until_decisive else None
     if stopper is None:  # the stopping rule needs the records of every group
         job = dataclasses.replace(job, analyse=analyse)
-    collected = collect_runs(
-        job, scenarios, tier=tier, shards=parallel.shards, backend=parallel.backend, workers=parallel.workers,
-        retries=parallel.retries, ray_address=parallel.ray_address, progress=progress, stop=stopper,
-    )  # fmt: skip
+    collected = collect_runs(job, scenarios, tier=tier, parallel=parallel, progress=progress, stop=stopper)
     results: list = []
     errors: list = []
     summaries: dict = {}
