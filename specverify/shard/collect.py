@@ -129,12 +129,14 @@ def collect_runs(
 
     ``parallel`` says how (shards, backend, workers, retries, Ray address; default: inline, in
     this process); its ``until_decisive`` is the caller's business (pass ``stop``).
+
     ``progress(done, total, name)`` is called as scenarios complete (done < total) -- the
     battery makes the final call.  ``stop(output)`` may end the run early (True); the
     scenarios it did not complete are left out of ``runs``.
     """
     parallel = Parallel() if parallel is None else parallel
-    backend, workers, ray_address = parallel.backend, parallel.workers, parallel.ray_address
+    backend, workers = check_backend(parallel.backend, parallel.workers)  # as Parallel resolved them
+    ray_address = parallel.ray_address
     if job.kind != "task":  # the workers run these very scenarios, not the registry's namesakes
         own = tuple(s for s in scenarios if not _registered(job.kind, s))
         if own:
