@@ -438,13 +438,17 @@ def _root_path(parents_row: torch.Tensor, node: int) -> list[int]:
 
 def typical_tree_verify(target_probs, draft_probs, tokens, parents, *, mode: str, generator: torch.Generator,
                         eps: float = 0.09, delta: float = 0.3, entropy_offset: float = 0.0,
-                        next_token: str = "typical"):  # fmt: skip
+                        next_token: str = "typical", walk=None):  # fmt: skip
     """Medusa typical acceptance on a tree, in the tree-verifier protocol (reads no draft law; any mode).
 
     The walk is :func:`typical_tree_walk`; the token after it is drawn from the truncated law
     of its end slot (:func:`typical_truncate`, one uniform per row) or, with
     ``next_token="greedy"``, is that law's argmax.  Exact law of a round: the walk's tokens
     with probability 1, then the truncated (or greedy) law of the end slot.
+
+    ``walk``, optional: what :func:`typical_tree_walk` returned for these inputs and the same
+    ``eps``, ``delta``, ``entropy_offset`` (CPU tensors), for a caller that also needs its
+    ``ambiguous`` flags; computed here when not given.
 
     Returns
     -------
@@ -457,8 +461,9 @@ def typical_tree_verify(target_probs, draft_probs, tokens, parents, *, mode: str
         raise InvalidArgument(f"next_token must be 'typical' or 'greedy', got {next_token!r}")
     device = target_probs.device
     p, tokens = target_probs.cpu(), tokens.cpu().long()
-    path, depth, slot, _ = typical_tree_walk(p, tokens, parents.cpu(), eps=eps, delta=delta,
-                                             entropy_offset=entropy_offset)  # fmt: skip
+    if walk is None:
+        walk = typical_tree_walk(p, tokens, parents.cpu(), eps=eps, delta=delta, entropy_offset=entropy_offset)
+    path, depth, slot, _ = walk
     B, D = path.shape
     rows = p[torch.arange(B), slot].to(torch.float64)  # (B, V)
     if next_token == "greedy":

@@ -1,5 +1,6 @@
-"""Hypothesis strategies for probability rows and (target, draft) pairs, plus a pooled
-chi-square helper, shared by the reference-rule, sampler and exact-law tests.
+"""Hypothesis strategies for probability rows and (target, draft) pairs, plus the pooled
+chi-square helper of every test that checks counts against a law (reference rules,
+samplers, exact laws, trees, adapters).
 
 Strategies draw small vectors element by element (so hypothesis can shrink towards
 0, 1e-30, point masses) and large ones from a seed drawn inside the example (so a
@@ -164,13 +165,14 @@ def markov_tables(draw, *, max_V: int = 6):
     return V, init, transition
 
 
-def pooled_chisquare(counts, probs, *, e_min: float = 5.0):
+def pooled_chisquare(counts, probs, *, e_min: float = 5.0, support: bool = False):
     """Pearson chi-square of ``counts`` against ``probs`` with the tail pooled.
 
     Categories with probability 0 are excluded (check them separately: any count
-    there is a support failure).  Categories are sorted by probability; those with
-    expected count >= e_min stay singletons, the rest are grouped consecutively
-    until each group's expected count reaches e_min.
+    there is a support failure), or with ``support=True`` a count there returns
+    ``(inf, 0.0, 0)``.  Categories are sorted by probability; those with expected
+    count >= e_min stay singletons, the rest are grouped consecutively until each
+    group's expected count reaches e_min (a short last group joins the one before).
 
     Returns ``(statistic, pvalue, num_bins)``; pvalue is 1 with fewer than 2 bins.
     """
@@ -179,6 +181,8 @@ def pooled_chisquare(counts, probs, *, e_min: float = 5.0):
     probs = probs / probs.sum()
     n = counts.sum()
     keep = probs > 0
+    if support and counts[~keep].sum() > 0:
+        return float("inf"), 0.0, 0
     counts, probs = counts[keep], probs[keep]
     order = np.argsort(-probs, kind="stable")
     counts, expected = counts[order], n * probs[order]

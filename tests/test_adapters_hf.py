@@ -14,6 +14,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+from _strategies import pooled_chisquare
 from scipy import stats as sps
 from transformers import GenerationConfig
 
@@ -29,43 +30,13 @@ VERSION = hf.TRANSFORMERS_VERSION
 # ---------------------------------------------------------------------------- helpers
 
 
-def pooled_chisquare(counts, probs, *, e_min: float = 20.0) -> tuple[float, float, int]:
-    """(statistic, p-value, df) of counts against probs; p = 0 on a support failure."""
-    counts = np.asarray(counts, dtype=np.float64)
-    probs = np.asarray(probs, dtype=np.float64)
-    probs = probs / probs.sum()
-    if counts[probs == 0].sum() > 0:
-        return float("inf"), 0.0, 0
-    n = counts.sum()
-    bins, current, mass = [], [], 0.0
-    for token in np.argsort(-probs, kind="stable"):
-        if probs[token] == 0:
-            break
-        current.append(token)
-        mass += n * probs[token]
-        if mass >= e_min:
-            bins.append(current)
-            current, mass = [], 0.0
-    if current:
-        if bins:
-            bins[-1].extend(current)
-        else:
-            bins.append(current)
-    if len(bins) < 2:
-        return 0.0, 1.0, 0
-    observed = np.array([counts[b].sum() for b in bins])
-    expected = np.array([n * probs[b].sum() for b in bins])
-    statistic = float(((observed - expected) ** 2 / expected).sum())
-    df = len(bins) - 1
-    return statistic, float(sps.chi2.sf(statistic, df)), df
-
-
 def counts_of(tokens: torch.Tensor, V: int) -> np.ndarray:
     return np.bincount(tokens.reshape(-1).numpy(), minlength=V)
 
 
 def assert_law(counts, probs, what: str, repro: str) -> None:
-    stat, p, df = pooled_chisquare(counts, probs)
+    stat, p, bins = pooled_chisquare(counts, probs, e_min=20.0, support=True)
+    df = max(bins - 1, 0)
     n = int(np.sum(counts))
     assert p > ALPHA, (
         f"{what}: observed {np.asarray(counts).tolist()} vs expected "
@@ -75,7 +46,8 @@ def assert_law(counts, probs, what: str, repro: str) -> None:
 
 
 def assert_detects(counts, probs, what: str) -> None:
-    stat, p, df = pooled_chisquare(counts, probs)
+    stat, p, bins = pooled_chisquare(counts, probs, e_min=20.0, support=True)
+    df = max(bins - 1, 0)
     assert p < ALPHA, f"no power: {what} not rejected (chi2={stat:.1f} df={df} p={p:.2e} N={int(np.sum(counts))})"
 
 

@@ -196,9 +196,10 @@ class ExactnessTally:
             twin = torch.Generator(device=generator.device)
             twin.set_state(state)
             options = dict(eps=adapter.posterior_threshold, delta=adapter.posterior_alpha, entropy_offset=1e-5)
+            walk = typical_tree_walk(target_probs.cpu(), tokens.cpu(), parents.cpu(), **options)  # one walk a round
             ref = typical_tree_verify(target_probs, draft_probs, tokens, parents, mode=mode, generator=twin,
-                                      next_token=adapter.next_token, **options)  # fmt: skip
-            ambiguous = typical_tree_walk(target_probs, tokens, parents, **options)[3].to(out[1].device)
+                                      next_token=adapter.next_token, walk=walk, **options)  # fmt: skip
+            ambiguous = walk[3].to(out[1].device)
             width = torch.arange(out[0].shape[1], device=out[0].device)[None] < out[1][:, None]  # (B, D+1)
             same = (out[1] == ref[1]) & (out[2] == ref[2]).all(-1) & ((out[0] == ref[0]) | ~width).all(-1)
             self.rows += int(same.numel())

@@ -16,11 +16,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from _adapter_trees import TREE
+from _strategies import pooled_chisquare
 
 from specverify.adapters import eagle as adapter
 from specverify.core.errors import InvalidArgument
 from specverify.verifier.tree.layouts import from_eagle, to_eagle
-from specverify.verifier.tree.protocol import PAD, TreeBatch, check_tree_output
+from specverify.verifier.tree.protocol import TreeBatch, check_tree_output
 
 try:
     import eagle.model.utils  # noqa: F401
@@ -31,22 +33,6 @@ except ImportError:
 
 needs_eagle = pytest.mark.skipif(not HAVE_EAGLE, reason=f"eagle-llm not installed ({adapter.INSTALL})")
 ALPHA = 1e-6
-# root -> nodes 0, 1, 2; node 0 -> nodes 3, 4; node 1 -> node 5; node 6 padding
-TREE = torch.tensor([-1, -1, -1, 0, 0, 1, PAD])
-
-
-def _chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson chi-square p-value of counts (V,) against probs (V,), cells of expected count < 5 pooled."""
-    from scipy import stats
-
-    n = float(counts.sum())
-    expected = probs.double() * n
-    big = expected >= 5
-    obs = torch.cat([counts[big].double(), counts[~big].double().sum()[None]])
-    exp = torch.cat([expected[big], expected[~big].sum()[None]])
-    keep = exp > 0
-    assert float(obs[~keep].sum()) == 0, f"tokens of probability 0 emitted: {counts.tolist()} vs {probs.tolist()}"
-    return float(stats.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue)
 
 
 # --------------------------------------------------------------------------- engine-free
@@ -245,7 +231,7 @@ def test_real_eagle_first_token_follows_the_target(temperature):
     children = torch.full((5, 5), 0.2)
     target, draft, tokens, parents = _one_level_rows(3000, p, q, children, 3, seed=0)
     first, _ = _first_tokens(adapter.EagleTreeVerifier(temperature=temperature), target, draft, tokens, parents)
-    pvalue = _chi2_pvalue(torch.bincount(first, minlength=5), p)
+    _, pvalue, _ = pooled_chisquare(torch.bincount(first, minlength=5), p, e_min=5.0, support=True)
     assert pvalue > ALPHA, f"first emitted token vs p_root: p={pvalue:.3g}, N=3000, T={temperature}, seed 0"
 
 
@@ -265,7 +251,8 @@ def test_real_eagle_bonus_token_is_drawn_from_raw_logits(patch_final, follows_ta
     assert out[1].tolist() == [2] * B
     counts = torch.bincount(out[0][:, 1], minlength=4)
     raw = p_child**T / (p_child**T).sum()
-    p_target, p_raw = _chi2_pvalue(counts, p_child), _chi2_pvalue(counts, raw)
+    p_target = pooled_chisquare(counts, p_child, e_min=5.0, support=True)[1]
+    p_raw = pooled_chisquare(counts, raw, e_min=5.0, support=True)[1]
     if follows_target:
         assert p_target > ALPHA, f"patched bonus vs p: p={p_target:.3g}, counts {counts.tolist()}"
     else:

@@ -15,6 +15,7 @@ import functools
 
 import pytest
 import torch
+from _adapter_trees import TREE
 
 from reference import lossy
 from specverify.adapters import medusa as chain_adapter
@@ -32,8 +33,6 @@ except ImportError:
 needs_medusa = pytest.mark.skipif(not HAVE_MEDUSA, reason=f"medusa-llm not installed ({adapter.INSTALL})")
 ALPHA = 1e-6
 OFFSET = adapter.ENTROPY_OFFSET
-# root -> nodes 0, 1, 2; node 0 -> nodes 3, 4; node 1 -> node 5; node 6 padding
-TREE = torch.tensor([-1, -1, -1, 0, 0, 1, PAD])
 
 
 def _medusa_formula(logits, candidates, temperature, posterior_threshold, posterior_alpha):
@@ -75,20 +74,14 @@ def _random_trees(B: int, N: int, V: int, seed: int, *, pad: float = 0.15):
     return target, tokens, parents
 
 
-def _reference(v, target, tokens, parents, seed):
-    return lossy.typical_tree_verify(
-        target, None, tokens, parents, mode="any", generator=torch.Generator().manual_seed(seed),
-        eps=v.posterior_threshold, delta=v.posterior_alpha, entropy_offset=OFFSET, next_token=v.next_token,
-    )  # fmt: skip
-
-
 def _assert_agrees(v, target, tokens, parents, seed=7):
     """The adapter's outputs equal the reference's on every row whose decisions are not within 1e-5 of a boundary."""
     out = v.verify_tree(target, None, tokens, parents, mode="topk", generator=torch.Generator().manual_seed(seed))
-    ref = _reference(v, target, tokens, parents, seed)
-    ambiguous = lossy.typical_tree_walk(
-        target, tokens, parents, eps=v.posterior_threshold, delta=v.posterior_alpha, entropy_offset=OFFSET
-    )[3]
+    options = dict(eps=v.posterior_threshold, delta=v.posterior_alpha, entropy_offset=OFFSET)
+    walk = lossy.typical_tree_walk(target, tokens, parents, **options)
+    ref = lossy.typical_tree_verify(target, None, tokens, parents, mode="any", next_token=v.next_token, walk=walk,
+                                    generator=torch.Generator().manual_seed(seed), **options)  # fmt: skip
+    ambiguous = walk[3]
     check_tree_output(out, TreeBatch(target, None, tokens, parents, "topk"))
     width = torch.arange(out[0].shape[1])[None] < out[1][:, None]
     same = (out[1] == ref[1]) & (out[2] == ref[2]).all(-1) & ((out[0] == ref[0]) | ~width).all(-1)
@@ -147,6 +140,19 @@ def test_reference_walk_breaks_exact_ties_by_the_first_path():
     assert lossy.typical_tree_walk(target, tokens, parents, eps=0.4)[0].tolist() == [[1, 2]]
     parents = torch.tensor([[-1, -1, PAD]])
     assert lossy.typical_tree_walk(target, tokens, parents, eps=0.4)[0].tolist() == [[0]]
+
+
+@pytest.mark.parametrize("next_token", ["typical", "greedy"])
+def test_reference_verify_reuses_a_given_walk(next_token):
+    target, tokens, parents = _random_trees(200, 8, 6, seed=6)
+    rule = dict(eps=0.05, delta=0.5, entropy_offset=OFFSET)
+    walk = lossy.typical_tree_walk(target, tokens, parents, **rule)
+    own = lossy.typical_tree_verify(target, None, tokens, parents, mode="any", next_token=next_token,
+                                    generator=torch.Generator().manual_seed(1), **rule)  # fmt: skip
+    given = lossy.typical_tree_verify(target, None, tokens, parents, mode="any", next_token=next_token, walk=walk,
+                                      generator=torch.Generator().manual_seed(1), **rule)  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in zip(own, given))
+    assert 0 < float(own[1].float().mean()) - 1 < 4  # both short and deep walks occur
 
 
 @pytest.mark.parametrize("padding", adapter.PADDING)

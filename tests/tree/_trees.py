@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from specverify.core.tables import MarkovTable
 from specverify.verifier.tree.protocol import PAD, ROOT
 
-__all__ = ["tree_shapes", "table_pairs", "fixed_rows", "batch_of", "pooled_chisquare_20", "FIXED_TREES"]
+__all__ = ["tree_shapes", "table_pairs", "fixed_rows", "batch_of", "FIXED_TREES"]
 
 
 @st.composite
@@ -65,13 +65,6 @@ def batch_of(B: int, *trees):
     tokens = torch.stack([t[2] for t in trees])[index]
     parents = torch.stack([t[3] for t in trees])[index]
     return target, draft, tokens, parents, index
-
-
-def pooled_chisquare_20(counts, probs):
-    """Pearson chi-square with categories pooled (in p order) to expected counts >= 20; (stat, p, bins)."""
-    from _strategies import pooled_chisquare
-
-    return pooled_chisquare(counts, probs, e_min=20.0)
 
 
 #: Small fixed trees (parents) with padding in different places; N = 6.

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 from _chain_laws import chain_round_law, expected_accepted, multi_round_chain_law, next_token_error
-from _strategies import pq_pairs
-from _trees import pooled_chisquare_20, table_pairs
+from _strategies import pooled_chisquare, pq_pairs
+from _trees import table_pairs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -121,7 +121,7 @@ def block_pvalue(verifier, seed, V=3, K=3, B=120_000):
     for e, prob in chain_round_law(target, drafter, K, rule="block").items():
         law[index[e]] += prob
     support_failures = int(counts[law == 0].sum())
-    _, pvalue, bins = pooled_chisquare_20(counts, law)
+    _, pvalue, bins = pooled_chisquare(counts, law, e_min=20.0)
     return pvalue, bins, support_failures
 
 
