@@ -387,7 +387,7 @@ def test_report_configs_are_well_formed():
 
 
 def test_report_evidence_picks_the_strongest_failure():
-    from specverify.adapters.vllm_reports import detectable, evidence
+    from specverify.adapters.reports import detectable, evidence
 
     def result(grade, p, adj, stat, tv):
         return dict(grade=grade, family="gof", name="gof", scenario="s", position="abs=1", statistic=stat, pvalue=p,

@@ -6,6 +6,8 @@ specverify.core.exact, and the specverify.core.validation helpers directly.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -16,6 +18,8 @@ from specverify.core import exact
 from specverify.core.errors import InvalidArgument, SpecVerifyError
 from specverify.core.validation import (
     check_alpha,
+    check_bool,
+    check_float,
     check_generator,
     check_int,
     check_probs,
@@ -217,6 +221,60 @@ def test_check_int():
         check_int("K", 0, minimum=1)
     with pytest.raises(InvalidArgument, match="K must be <= 3, got 4"):
         check_int("K", 4, maximum=3)
+
+
+def test_check_bool():
+    assert check_bool("flag", True) is True
+    assert check_bool("flag", False) is False
+    for bad in (1, 0, "yes", None, np.bool_(True), torch.tensor(True)):
+        with pytest.raises(InvalidArgument, match="flag must be True or False, got"):
+            check_bool("flag", bad)
+    with pytest.raises(InvalidArgument, match="memoize must be True or False, got 'yes'"):
+        check_bool("memoize", "yes")
+
+
+def test_check_float_converts_what_float_converts():
+    assert check_float("x", 2) == 2.0 and isinstance(check_float("x", 2), float)
+    assert check_float("x", np.float32(0.5)) == 0.5
+    assert check_float("x", torch.tensor(0.25)) == 0.25
+    assert check_float("x", "0.7") == 0.7
+    assert check_float("x", True) == 1.0
+    for bad in ("hot", None, [0.1], 10**400):
+        with pytest.raises(InvalidArgument, match="x must be a finite number, got"):
+            check_float("x", bad)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(InvalidArgument, match="x must be a finite number, got"):
+            check_float("x", bad)
+
+
+@pytest.mark.parametrize(
+    "bounds, accepted, rejected, words",
+    [
+        (dict(minimum=0.0), [0, 0.0, 3.5], [-1e-9, float("inf")], "noise must be a finite number >= 0, got"),
+        (dict(minimum=0.0, exclusive_minimum=True), [1e-300, 7], [0, -1.0], "noise must be a finite number > 0, got"),
+        (dict(maximum=1.0), [-5, 1.0], [1.5], "noise must be a finite number <= 1, got"),
+        (dict(maximum=1.0, exclusive_maximum=True), [0.999], [1.0], "noise must be a finite number < 1, got"),
+        (dict(minimum=0.0, maximum=1.0), [0.0, 1.0], [-0.1, 1.1], r"noise must be a finite number in \[0, 1\], got"),
+        (
+            dict(minimum=0.0, maximum=1.0, exclusive_minimum=True),
+            [1.0, 0.5],
+            [0.0, 1.5, float("nan")],
+            r"noise must be a finite number in \(0, 1\], got",
+        ),
+        (
+            dict(minimum=0.0, maximum=1.0, exclusive_minimum=True, exclusive_maximum=True),
+            [0.5],
+            [0.0, 1.0],
+            r"noise must be a finite number in \(0, 1\), got",
+        ),
+    ],
+)
+def test_check_float_bounds(bounds, accepted, rejected, words):
+    for value in accepted:
+        assert check_float("noise", value, **bounds) == float(value)
+    for value in rejected:
+        with pytest.raises(InvalidArgument, match=words + " " + re.escape(repr(value))):
+            check_float("noise", value, **bounds)
 
 
 def test_check_alpha():

@@ -69,7 +69,7 @@ import torch
 
 from specverify.adapters.runtime import torch_threads
 from specverify.core.errors import ImplementationError, InvalidArgument
-from specverify.core.validation import check_generator, check_int
+from specverify.core.validation import check_bool, check_float, check_generator, check_int
 from specverify.verifier.tree.layouts import eagle_candidates, from_eagle_outputs, to_eagle
 from specverify.verifier.tree.protocol import PAD, ROOT, check_tree_inputs
 
@@ -234,13 +234,11 @@ class EagleTreeVerifier:
         check_processor: bool = True,
         num_threads: int | None = 1,
     ):
-        self.temperature = _number("temperature", temperature, low=0.0)
-        self.top_p = _number("top_p", top_p, low=0.0, high=1.0)
+        self.temperature = check_float("temperature", temperature, minimum=0.0)
+        self.top_p = check_float("top_p", top_p, minimum=0.0, maximum=1.0)
         self.top_k = check_int("top_k", top_k, minimum=0)
-        for name, flag in (("patch_final", patch_final), ("check_processor", check_processor)):
-            if not isinstance(flag, bool):
-                raise InvalidArgument(f"{name} must be a bool, got {flag!r}")
-        self.patch_final, self.check_processor = patch_final, check_processor
+        self.patch_final = check_bool("patch_final", patch_final)
+        self.check_processor = check_bool("check_processor", check_processor)
         self.num_threads = None if num_threads is None else check_int("num_threads", num_threads, minimum=1)
         self._utils = _load_utils()
         self.greedy = self.temperature <= GREEDY_TEMPERATURE
@@ -345,16 +343,6 @@ class EagleTreeVerifier:
             return int(best), int(accept_length), int(token.reshape(-1)[0])
         except Exception as exc:  # the implementation under test failed
             raise ImplementationError(f"EAGLE raised on row {b}: {type(exc).__name__}: {exc}", row=b) from exc
-
-
-def _number(name: str, value, *, low: float, high: float = float("inf")) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise InvalidArgument(f"{name} must be a number in [{low:g}, {high:g}], got {value!r}") from None
-    if not low <= v <= high or v == float("inf"):
-        raise InvalidArgument(f"{name} must be a finite number in [{low:g}, {high:g}], got {value!r}")
-    return v
 
 
 @functools.cache

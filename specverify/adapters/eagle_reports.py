@@ -9,7 +9,7 @@ configuration of :data:`CONFIGS` runs as ``specverify audit --tree-verifier ...`
 greedy, ``--verifier ... --greedy`` on one-path trees) in its own process through
 :mod:`specverify.adapters.eagle`, so its report records the command that reproduces it; then
 ``README.md`` is written from the ``report.json`` files with the shared helpers of
-:mod:`specverify.adapters.vllm_reports` (verdict, strongest evidence, detectable TV, link) and
+:mod:`specverify.adapters.reports` (verdict, strongest evidence, detectable TV, link) and
 the rule read from EAGLE's source.  About 3 minutes on 2 busy CPU cores.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from specverify.adapters.vllm_reports import readme_rows, report_main
+from specverify.adapters.reports import readme_fields, report_main
 from specverify.report.io import atomic_write_text
 
 __all__ = ["CONFIGS", "write_readme", "main"]
@@ -151,19 +151,15 @@ def write_readme(out: Path, *, seed: int, tier: str) -> Path:
     import torch
     import transformers
 
-    rows, lines = readme_rows(out, [(name, what, expected) for name, expected, what, _ in CONFIGS])
+    configs = [(name, what, expected) for name, expected, what, _ in CONFIGS]
     text = TEMPLATE.format(
+        **readme_fields(out, configs, module="specverify.adapters.eagle_reports", seed=seed, tier=tier),
         eagle=version("eagle-llm"),
         torch=torch.__version__,
         transformers=transformers.__version__,
         python=sys.version.split()[0],
-        seed=seed,
-        tier=tier,
         install=INSTALL,
-        table="\n".join(rows),
-        evidence="\n".join(lines),
         findings=FINDINGS,
-        command=f"python -m specverify.adapters.eagle_reports --out {out} --seed {seed} --tier {tier}",
     )
     return atomic_write_text(out / "README.md", text)
 

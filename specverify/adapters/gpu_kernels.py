@@ -39,8 +39,8 @@ import torch
 
 from reference.rules import check_verifier_inputs
 from reference.sampling import sample
-from specverify.core.errors import ImplementationError, InvalidArgument
-from specverify.core.validation import check_generator
+from specverify.core.errors import ImplementationError
+from specverify.core.validation import check_bool, check_generator
 from specverify.verifier.uniforms import seed_offset_in, uniforms_in
 
 __all__ = [
@@ -90,8 +90,7 @@ def flashinfer_chain_verifier(*, deterministic: bool = True):
         ``verify(target_probs, draft_probs, draft_tokens, *, generator)``; ``verify.form`` is
         ``"uniforms"`` or ``"seed_offset"``.
     """
-    if not isinstance(deterministic, bool):
-        raise InvalidArgument(f"deterministic must be True or False, got {deterministic!r}")
+    check_bool("deterministic", deterministic)
     fn = _flashinfer_kernel()
     params = inspect.signature(fn).parameters
 

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 import torch
 
 from specverify.core.errors import ImplementationError, InvalidArgument
-from specverify.core.validation import check_int, check_shape, check_tokens
+from specverify.core.validation import check_float, check_int, check_shape, check_tokens
 
 try:
     import transformers
@@ -74,17 +74,11 @@ _MAX_SEED = 2**63 - 1
 
 
 def _sampling_options(temperature, top_k, top_p, min_p, suppress_tokens):
-    temperature = float(temperature)
-    if not 0.0 < temperature < float("inf"):
-        raise InvalidArgument(f"temperature must be a positive finite number, got {temperature!r}")
+    temperature = check_float("temperature", temperature, minimum=0.0, exclusive_minimum=True)
     top_k = check_int("top_k", 0 if top_k is None else top_k, minimum=0)
-    top_p = float(1.0 if top_p is None else top_p)
-    if not 0.0 < top_p <= 1.0:
-        raise InvalidArgument(f"top_p must be in (0, 1], got {top_p!r}")
+    top_p = check_float("top_p", 1.0 if top_p is None else top_p, minimum=0.0, maximum=1.0, exclusive_minimum=True)
     if min_p is not None:
-        min_p = float(min_p)
-        if not 0.0 <= min_p <= 1.0:
-            raise InvalidArgument(f"min_p must be in [0, 1] or None, got {min_p!r}")
+        min_p = check_float("min_p", min_p, minimum=0.0, maximum=1.0)
     suppress_tokens = tuple(check_int("suppress_tokens[]", t, minimum=0) for t in (suppress_tokens or ()))
     return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, suppress_tokens=suppress_tokens)
 

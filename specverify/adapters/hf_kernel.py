@@ -46,7 +46,7 @@ import torch
 from reference.rules import check_verifier_inputs
 from specverify.adapters.runtime import torch_threads
 from specverify.core.errors import ImplementationError, InvalidArgument
-from specverify.core.validation import check_generator, check_int
+from specverify.core.validation import check_float, check_generator, check_int
 
 try:
     import transformers
@@ -148,9 +148,9 @@ def _resolve_dtype(dtype):
 
 def check_ensemble_weight(value) -> float:
     """``assistant_ensemble_weight`` as a float in (0, 1), where this transformers has the argument."""
-    weight = float(value)
-    if not 0.0 < weight < 1.0:
-        raise InvalidArgument(f"assistant_ensemble_weight must be in (0, 1), got {value!r}")
+    weight = check_float(
+        "assistant_ensemble_weight", value, minimum=0.0, maximum=1.0, exclusive_minimum=True, exclusive_maximum=True
+    )
     if "assistant_ensemble_weight" not in KERNEL_PARAMETERS:
         raise InvalidArgument(
             f"assistant_ensemble_weight={value!r}, but _speculative_sampling of "

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from specverify.core.errors import InvalidArgument
-from specverify.core.validation import check_int
+from specverify.core.validation import check_float, check_int
 
 try:
     import transformers
@@ -110,9 +110,7 @@ def tiny_llama(
             f"which must be divisible by num_key_value_heads ({num_key_value_heads})"
         )
     seed = check_int("seed", seed, minimum=0, maximum=2**63 - 1)
-    logit_scale = float(logit_scale)
-    if not logit_scale > 0 or logit_scale == float("inf"):
-        raise InvalidArgument(f"logit_scale must be a positive finite number, got {logit_scale!r}")
+    logit_scale = check_float("logit_scale", logit_scale, minimum=0.0, exclusive_minimum=True)
     config = _llama_config(
         vocab_size=vocab_size,
         num_hidden_layers=num_hidden_layers,
@@ -156,9 +154,7 @@ def tiny_llama_pair(
     """
     num_hidden_layers = check_int("num_hidden_layers", num_hidden_layers, minimum=1)
     assistant_layers = check_int("assistant_layers", assistant_layers, minimum=1, maximum=num_hidden_layers)
-    assistant_noise = float(assistant_noise)
-    if not 0.0 <= assistant_noise < float("inf"):
-        raise InvalidArgument(f"assistant_noise must be a finite number >= 0, got {assistant_noise!r}")
+    assistant_noise = check_float("assistant_noise", assistant_noise, minimum=0.0)
     common = dict(vocab_size=vocab_size, logit_scale=logit_scale, max_position_embeddings=max_position_embeddings)
     target = tiny_llama(num_hidden_layers=num_hidden_layers, seed=seed, **common)
     assistant = tiny_llama(num_hidden_layers=assistant_layers, seed=seed, **common)

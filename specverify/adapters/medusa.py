@@ -57,7 +57,7 @@ from reference.sampling import sample
 from specverify.adapters.runtime import torch_threads
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.exact import typical_threshold
-from specverify.core.validation import check_generator, check_int
+from specverify.core.validation import check_float, check_generator, check_int
 
 __all__ = [
     "MedusaTypicalVerifier",
@@ -80,16 +80,6 @@ def _load_evaluate_posterior():
     except ImportError as exc:
         raise ImportError(f"specverify.adapters.medusa needs the medusa-llm package: {INSTALL}") from exc
     return evaluate_posterior
-
-
-def _positive(name: str, value) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise InvalidArgument(f"{name} must be a positive number, got {value!r}") from None
-    if not 0.0 < v < float("inf"):
-        raise InvalidArgument(f"{name} must be a positive number, got {value!r}")
-    return v
 
 
 def _float_dtype(dtype) -> torch.dtype:
@@ -135,9 +125,11 @@ def typical_options(posterior_threshold, posterior_alpha, temperature, next_toke
     if next_token not in NEXT_TOKEN:
         raise InvalidArgument(f"next_token must be one of {NEXT_TOKEN}, got {next_token!r}")
     return {
-        "posterior_threshold": _positive("posterior_threshold", posterior_threshold),
-        "posterior_alpha": _positive("posterior_alpha", posterior_alpha),
-        "temperature": _positive("temperature", temperature),
+        "posterior_threshold": check_float(
+            "posterior_threshold", posterior_threshold, minimum=0.0, exclusive_minimum=True
+        ),
+        "posterior_alpha": check_float("posterior_alpha", posterior_alpha, minimum=0.0, exclusive_minimum=True),
+        "temperature": check_float("temperature", temperature, minimum=0.0, exclusive_minimum=True),
         "next_token": next_token,
         "dtype": _float_dtype(dtype),
         "num_threads": None if num_threads is None else check_int("num_threads", num_threads, minimum=1),

@@ -45,9 +45,9 @@ from pathlib import Path
 
 import torch
 
-from specverify.adapters.runtime import cache_root
+from specverify.adapters.runtime import OutputMemo, cache_root, max_law_difference
 from specverify.core.errors import ImplementationError, InvalidArgument
-from specverify.core.validation import check_int, check_shape, check_tokens
+from specverify.core.validation import check_bool, check_float, check_int, check_shape, check_tokens
 
 __all__ = [
     "INSTALL",
@@ -97,16 +97,17 @@ def engine_version() -> str:
 
 
 def sampling_options(temperature=1.0, top_k=0, top_p=1.0) -> dict:
-    """Validate sampling options: temperature > 0, ``top_k`` >= 0 (0 off), ``top_p`` in (0, 1] (1 off)."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise InvalidArgument(f"temperature must be a positive finite number, got {temperature!r}")
-    temperature = float(temperature)
-    if not 0.0 < temperature < float("inf"):
-        raise InvalidArgument(f"temperature must be a positive finite number, got {temperature!r}")
+    """Validate sampling options: temperature > 0, ``top_k`` >= 0 (0 off), ``top_p`` in (0, 1] (1 off).
+
+    ``temperature`` and ``top_p`` must be ints or floats (not bools, strings or tensors).
+    """
+    for name, value in (("temperature", temperature), ("top_p", top_p)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InvalidArgument(f"{name} must be an int or a float, got {value!r}")
+    temperature = check_float("temperature", temperature, minimum=0.0, exclusive_minimum=True)
     top_k = check_int("top_k", top_k, minimum=0)
-    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < float(top_p) <= 1.0:
-        raise InvalidArgument(f"top_p must be a number in (0, 1], got {top_p!r}")
-    return dict(temperature=temperature, top_k=top_k, top_p=float(top_p))
+    top_p = check_float("top_p", top_p, minimum=0.0, maximum=1.0, exclusive_minimum=True)
+    return dict(temperature=temperature, top_k=top_k, top_p=top_p)
 
 
 def sample_seeds(seed: int, num_samples: int) -> list[int]:
@@ -228,9 +229,8 @@ class OpenVINODecoder:
         num_threads=1,
         memoize=False,
     ):
-        if not isinstance(memoize, bool):
-            raise InvalidArgument(f"memoize must be True or False, got {memoize!r}")
-        self.memoize, self._memo = memoize, {}
+        self._memo = OutputMemo(memoize)  # validates memoize
+        self.memoize = memoize
         if pipeline not in PIPELINES:
             raise InvalidArgument(f"pipeline must be one of {list(PIPELINES)}, got {pipeline!r}")
         if precision not in PRECISION:
@@ -293,8 +293,9 @@ class OpenVINODecoder:
         check_tokens("prompt", prompt, self.vocab_size)
         ids = prompt.to(torch.int64).cpu().numpy()  # (T,)
         key = (tuple(ids.tolist()), n, L, seed)
-        if self.memoize and key in self._memo:
-            return self._memo[key].clone()
+        replay = self._memo.lookup(key)
+        if replay is not None:
+            return replay
         configs = [self.generation_config(L, s) for s in sample_seeds(seed, n)]
         pipe, rows = self.pipe, []
         tensor = ov.Tensor(ids.reshape(1, -1))  # (1, T)
@@ -315,9 +316,7 @@ class OpenVINODecoder:
                         )
                     rows.append(result.m_generation_ids[0])
         tokens = tokens_from_rows(rows, num_samples=n, max_new_tokens=L, vocab_size=self.vocab_size)  # (N, L)
-        if self.memoize:
-            self._memo[key] = tokens.clone()
-        return tokens
+        return self._memo.store(key, tokens)
 
 
 def _vocab_size(model_dir: str) -> int:
@@ -422,8 +421,7 @@ def tiny_decoder(
     seed=0,
 ):
     """:class:`OpenVINODecoder` on the tiny seeded target and (``draft=True``) its perturbed draft."""
-    if not isinstance(draft, bool):
-        raise InvalidArgument(f"draft must be True or False, got {draft!r}")
+    check_bool("draft", draft)
     target_dir, draft_dir = export_tiny_models(seed=seed)
     return OpenVINODecoder(
         target_dir,
@@ -457,10 +455,11 @@ def max_conditional_difference(*, seed: int = 0, num_sequences: int = 8, length:
 
     hf_dir, _ = save_tiny_models(seed=seed)
     target = tiny_target(seed=seed)
-    V = target.vocab_size
-    seqs = torch.randint(0, V, (num_sequences, length), generator=torch.Generator().manual_seed(seed))  # (N, T)
-    ov_probs = torch.softmax(target.logits(seqs).double(), -1)  # (N, T, V)
     model = LlamaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    with torch.no_grad():
-        hf_probs = torch.softmax(model(input_ids=seqs).logits.double(), -1)  # (N, T, V)
-    return float((ov_probs - hf_probs).abs().max())
+
+    def laws(sequences: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(target.logits(sequences).double(), -1)  # (N, T, V)
+
+    return max_law_difference(
+        laws, model, vocab_size=target.vocab_size, seed=seed, num_sequences=num_sequences, length=length
+    )

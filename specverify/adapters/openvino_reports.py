@@ -7,7 +7,7 @@
 Needs openvino-genai and optimum-intel (:data:`specverify.adapters.openvino.INSTALL`).  Each
 configuration of :data:`CONFIGS` runs as ``specverify audit --decoder
 specverify.adapters.openvino:tiny_decoder --target specverify.adapters.openvino:tiny_target ...``
-in its own process (through :func:`specverify.adapters.vllm_reports.run_config`), so its report
+in its own process (through :func:`specverify.adapters.reports.run_config`), so its report
 records the command that reproduces it; then ``README.md`` is written from the ``report.json``
 files (verdict, strongest evidence, detectable TV, link) and :data:`TEMPLATE`, which describes the
 engine's accept/residual rule as read in its source.  About 8 minutes on 2 busy CPU cores.
@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from specverify.adapters.vllm_reports import decoder_target_args, readme_rows, report_main
+from specverify.adapters.reports import decoder_target_args, readme_fields, report_main
 from specverify.report.io import atomic_write_text
 
 __all__ = ["CONFIGS", "TEMPLATE", "write_readme", "main"]
@@ -27,7 +27,7 @@ MOD = "specverify.adapters.openvino"
 
 
 def _config(name: str, what: str, **options) -> tuple[str, str, list[str]]:
-    """A configuration of :mod:`specverify.adapters.openvino` (:func:`~specverify.adapters.vllm_reports.decoder_target_args`)."""
+    """A configuration of :mod:`specverify.adapters.openvino` (:func:`~specverify.adapters.reports.decoder_target_args`)."""
     return name, what, decoder_target_args(MOD, **options)
 
 
@@ -224,19 +224,10 @@ def write_readme(out: Path, *, seed: int, tier: str) -> Path:
     """Write ``out/README.md`` from the configurations' ``report.json`` files."""
     from specverify.adapters.openvino import INSTALL, max_conditional_difference
 
-    rows, lines = readme_rows(out, [(name, what, None) for name, what, _ in CONFIGS])
+    configs = [(name, what, None) for name, what, _ in CONFIGS]
+    fields = readme_fields(out, configs, module="specverify.adapters.openvino_reports", seed=seed, tier=tier)
     max_diff = f"{max_conditional_difference(seed=0):.2g} (8 random sequences of 12 tokens)"
-    text = TEMPLATE.format(
-        **_versions(),
-        seed=seed,
-        tier=tier,
-        install=INSTALL,
-        table="\n".join(rows),
-        evidence="\n".join(lines),
-        max_diff=max_diff,
-        repro=_repro_text(out),
-        command=f"python -m specverify.adapters.openvino_reports --out {out} --seed {seed} --tier {tier}",
-    )
+    text = TEMPLATE.format(**fields, **_versions(), install=INSTALL, max_diff=max_diff, repro=_repro_text(out))
     return atomic_write_text(out / "README.md", text)
 
 

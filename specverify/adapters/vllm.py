@@ -64,7 +64,7 @@ from specverify.adapters.vllm_layout import (
     to_ragged,
 )
 from specverify.core.errors import ImplementationError, InvalidArgument
-from specverify.core.validation import check_generator, check_int
+from specverify.core.validation import check_bool, check_generator, check_int
 
 __all__ = [
     "load_vllm",
@@ -158,9 +158,7 @@ class _VllmVerifier:
     def __init__(self, *, draft_probs="full", seeding="per_request", greedy=False, num_threads=None):
         self.draft_probs = _choice("draft_probs", draft_probs, DRAFT_PROBS_MODES)
         self.seeding = _choice("seeding", seeding, SEEDING_MODES)
-        if not isinstance(greedy, bool):
-            raise InvalidArgument(f"greedy must be True or False, got {greedy!r}")
-        self.greedy = greedy
+        self.greedy = check_bool("greedy", greedy)
         self.num_threads = None if num_threads is None else check_int("num_threads", num_threads, minimum=1)
         self.vllm = load_vllm()
 
@@ -318,9 +316,7 @@ class RejectionSamplerForwardVerifier(_VllmVerifier):
     entry = "RejectionSampler.forward"
 
     def __init__(self, *, temperature=1.0, top_k=None, top_p=None, patch_expand=False, **options):
-        if not isinstance(patch_expand, bool):
-            raise InvalidArgument(f"patch_expand must be True or False, got {patch_expand!r}")
-        self.patch_expand = patch_expand
+        self.patch_expand = check_bool("patch_expand", patch_expand)
         if not isinstance(temperature, (int, float)) or not 0.0 < float(temperature) < float("inf"):
             raise InvalidArgument(f"temperature must be a positive finite float, got {temperature!r}")
         self.temperature = float(temperature)

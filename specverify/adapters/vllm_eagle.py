@@ -46,7 +46,7 @@ import torch
 
 from specverify.adapters.runtime import cache_root
 from specverify.core.errors import InvalidArgument
-from specverify.core.validation import check_int
+from specverify.core.validation import check_bool, check_float, check_int
 
 __all__ = ["EAGLE_KEYS", "eagle_keys", "eagle_config", "eagle_state_dict", "save_tiny_eagle"]
 
@@ -74,8 +74,7 @@ def eagle_keys(fc_bias: bool) -> tuple[str, ...]:
 
 def eagle_config(target_config: dict, *, fc_bias: bool = False) -> dict:
     """EAGLE-1's ``config.json`` for a Llama target: its config with one layer and ``"bias": fc_bias``."""
-    if not isinstance(fc_bias, bool):
-        raise InvalidArgument(f"fc_bias must be True or False, got {fc_bias!r}")
+    check_bool("fc_bias", fc_bias)
     config = dict(target_config)
     config.update(num_hidden_layers=1, architectures=["LlamaForCausalLM"], bias=fc_bias)
     return config
@@ -125,13 +124,10 @@ def eagle_state_dict(
         Include ``fc.bias`` (normal, std 0.02), as EAGLE-1 heads trained with ``"bias": true`` do.
         The other tensors do not depend on it.
     """
-    if not isinstance(fc_bias, bool):
-        raise InvalidArgument(f"fc_bias must be True or False, got {fc_bias!r}")
+    check_bool("fc_bias", fc_bias)
     seed = check_int("seed", seed, minimum=0, maximum=2**62)
-    noise, embed_gain = float(noise), float(embed_gain)
-    for name, value in (("noise", noise), ("embed_gain", embed_gain)):
-        if not 0.0 <= value < float("inf"):
-            raise InvalidArgument(f"{name} must be a finite number >= 0, got {value!r}")
+    noise = check_float("noise", noise, minimum=0.0)
+    embed_gain = check_float("embed_gain", embed_gain, minimum=0.0)
     shapes = _shapes(config)
     if tuple(target_embed.shape) != shapes["embed_tokens.weight"]:
         raise InvalidArgument(
@@ -163,12 +159,9 @@ def save_tiny_eagle(root=None, *, seed: int = 0, noise: float = 0.5, fc_bias: bo
     from specverify.report.io import atomic_write_text
 
     seed = check_int("seed", seed, minimum=0, maximum=2**62)
-    noise = float(noise)
-    if not 0.0 <= noise < float("inf"):
-        raise InvalidArgument(f"noise must be a finite number >= 0, got {noise!r}")
+    noise = check_float("noise", noise, minimum=0.0)
     root = cache_root(root)
-    if not isinstance(fc_bias, bool):
-        raise InvalidArgument(f"fc_bias must be True or False, got {fc_bias!r}")
+    check_bool("fc_bias", fc_bias)
     path = root / f"vllm-tiny-eagle-s{seed}-n{noise:g}{'-fcbias' if fc_bias else ''}"
     if (path / "config.json").exists() and (path / "model.safetensors").exists():
         return path

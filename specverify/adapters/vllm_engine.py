@@ -27,9 +27,9 @@ from pathlib import Path
 
 import torch
 
-from specverify.adapters.runtime import cache_root
+from specverify.adapters.runtime import OutputMemo, cache_root, max_law_difference
 from specverify.core.errors import ImplementationError, InvalidArgument
-from specverify.core.validation import check_int
+from specverify.core.validation import check_bool, check_float, check_int
 
 __all__ = [
     "save_tiny_models",
@@ -66,9 +66,7 @@ def save_tiny_models(root=None, *, seed: int = 0, draft_noise: float = 0.5) -> t
     directory for the same ``(seed, draft_noise)`` is reused (the weights are a pure function of them).
     """
     seed = check_int("seed", seed, minimum=0, maximum=2**62)
-    draft_noise = float(draft_noise)
-    if not 0.0 <= draft_noise < float("inf"):
-        raise InvalidArgument(f"draft_noise must be a finite number >= 0, got {draft_noise!r}")
+    draft_noise = check_float("draft_noise", draft_noise, minimum=0.0)
     root = cache_root(root)
     base = root / f"vllm-tiny-llama-s{seed}-n{draft_noise:g}"
     paths = base / "target", base / "draft"
@@ -133,12 +131,10 @@ class VllmDecoder:
         seed_global_rng=False,
         memoize=False,
     ):
-        flags = (("patch_expand", patch_expand), ("seed_global_rng", seed_global_rng), ("memoize", memoize))
-        for name, flag in flags:
-            if not isinstance(flag, bool):
-                raise InvalidArgument(f"{name} must be True or False, got {flag!r}")
-        self.patch_expand, self.seed_global_rng, self.memoize = patch_expand, seed_global_rng, memoize
-        self._memo: dict = {}
+        self.patch_expand = check_bool("patch_expand", patch_expand)
+        self.seed_global_rng = check_bool("seed_global_rng", seed_global_rng)
+        self._memo = OutputMemo(memoize)  # validates memoize
+        self.memoize = memoize
         if method is not None and method not in METHODS:
             raise InvalidArgument(f"method must be one of {list(METHODS)} or None, got {method!r}")
         if method == "draft_model" and draft_dir is None:
@@ -211,8 +207,9 @@ class VllmDecoder:
         seed = check_int("seed", seed, minimum=0)
         ids = [int(t) for t in torch.as_tensor(prompt).reshape(-1).tolist()]
         key = (tuple(ids), n, L, seed)
-        if self.memoize and key in self._memo:
-            return self._memo[key].clone()
+        replay = self._memo.lookup(key)
+        if replay is not None:
+            return replay
         params = [
             SamplingParams(
                 temperature=self.temperature,
@@ -238,9 +235,7 @@ class VllmDecoder:
         if bad:
             raise ImplementationError(f"vLLM returned {len(rows[bad[0]])} tokens for sample {bad[0]}, want {L}")
         tokens = torch.tensor(rows, dtype=torch.long)  # (num_samples, max_new_tokens)
-        if self.memoize:
-            self._memo[key] = tokens.clone()
-        return tokens
+        return self._memo.store(key, tokens)
 
 
 def tiny_decoder(
@@ -309,7 +304,6 @@ def max_conditional_difference(*, seed: int = 0, num_sequences: int = 8, length:
 
     target_dir, _ = save_tiny_models(seed=seed)
     V = MODEL_CONFIG["vocab_size"]
-    seqs = torch.randint(0, V, (num_sequences, length), generator=torch.Generator().manual_seed(seed))  # (N, T)
     llm = LLM(
         model=str(target_dir),
         skip_tokenizer_init=True,
@@ -321,15 +315,15 @@ def max_conditional_difference(*, seed: int = 0, num_sequences: int = 8, length:
         seed=0,
     )
     params = SamplingParams(max_tokens=1, prompt_logprobs=-1, detokenize=False)
-    outs = llm.generate([{"prompt_token_ids": s.tolist()} for s in seqs], params, use_tqdm=False)
+
+    def laws(sequences: torch.Tensor) -> torch.Tensor:
+        outs = llm.generate([{"prompt_token_ids": s.tolist()} for s in sequences], params, use_tqdm=False)
+        logp = torch.zeros(len(outs), sequences.shape[1] - 1, V, dtype=torch.float64)  # (N, T - 1, V)
+        for b, out in enumerate(outs):
+            for t, entry in enumerate(out.prompt_logprobs[1:]):  # entry t: law of token t+1 given sequences[b, :t+1]
+                for token, logprob in entry.items():
+                    logp[b, t, token] = float(getattr(logprob, "logprob", logprob))
+        return logp.exp()  # (N, T - 1, V)
+
     model = tiny_llama(num_key_value_heads=2, seed=seed, **MODEL_CONFIG)
-    with torch.no_grad():
-        hf = torch.softmax(model(input_ids=seqs).logits.double(), -1)  # (N, T, V)
-    worst = 0.0
-    for b, out in enumerate(outs):
-        for t, entry in enumerate(out.prompt_logprobs[1:]):  # entry t: law of token t+1 given seqs[b, :t+1]
-            p = torch.zeros(V, dtype=torch.float64)
-            for token, logprob in entry.items():
-                p[token] = float(getattr(logprob, "logprob", logprob))
-            worst = max(worst, float((p.exp() - hf[b, t]).abs().max()))
-    return worst
+    return max_law_difference(laws, model, vocab_size=V, seed=seed, num_sequences=num_sequences, length=length)

@@ -7,6 +7,7 @@ names the argument and the offending value, e.g.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -14,7 +15,9 @@ import torch
 from specverify.core.errors import InvalidArgument
 
 __all__ = [
+    "check_bool",
     "check_int",
+    "check_float",
     "check_probs",
     "check_shape",
     "check_tokens",
@@ -60,6 +63,64 @@ def check_int(name: str, value, *, minimum: int | None = None, maximum: int | No
     if maximum is not None and value > maximum:
         raise InvalidArgument(f"{name} must be <= {maximum}, got {value}")
     return value
+
+
+def check_bool(name: str, value) -> bool:
+    """Return ``value`` if it is ``True`` or ``False`` (a ``bool``, not 0/1 or a string), else raise."""
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def _float_range(minimum, maximum, exclusive_minimum: bool, exclusive_maximum: bool) -> str:
+    """The accepted range in words: ``" > 0"``, ``" in (0, 1]"``, or ``""`` without bounds."""
+    if minimum is not None and maximum is not None:
+        left, right = "(" if exclusive_minimum else "[", ")" if exclusive_maximum else "]"
+        return f" in {left}{minimum:g}, {maximum:g}{right}"
+    if minimum is not None:
+        return f" {'>' if exclusive_minimum else '>='} {minimum:g}"
+    if maximum is not None:
+        return f" {'<' if exclusive_maximum else '<='} {maximum:g}"
+    return ""
+
+
+def check_float(
+    name: str,
+    value,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    exclusive_minimum: bool = False,
+    exclusive_maximum: bool = False,
+) -> float:
+    """Return ``float(value)``, or raise if it is not a finite number in the given range.
+
+    Parameters
+    ----------
+    name : str
+        The argument's name, for the message.
+    value : object
+        Anything ``float()`` converts (int, float, bool, numpy scalar, one-element tensor,
+        numeric string); NaN and infinities are rejected.
+    minimum, maximum : float, optional
+        Bounds, inclusive unless ``exclusive_minimum`` / ``exclusive_maximum``.
+
+    Raises
+    ------
+    InvalidArgument
+        Naming the argument, the accepted range and the value, e.g.
+        ``top_p must be a finite number in (0, 1], got 1.5``.
+    """
+    want = f"{name} must be a finite number{_float_range(minimum, maximum, exclusive_minimum, exclusive_maximum)}"
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise InvalidArgument(f"{want}, got {value!r}") from None
+    below = minimum is not None and (number <= minimum if exclusive_minimum else number < minimum)
+    above = maximum is not None and (number >= maximum if exclusive_maximum else number > maximum)
+    if not math.isfinite(number) or below or above:
+        raise InvalidArgument(f"{want}, got {value!r}")
+    return number
 
 
 def check_alpha(name: str, value) -> float:
