@@ -10,6 +10,11 @@ average is printed with every figure; wall time under load says little, CPU time
 more robust figure (with one thread, tokens per CPU-second is the single-core rate; with
 two, it includes OpenMP spinning while a descheduled thread is awaited).
 
+``--processes N`` instead runs N independent copies of one checked configuration at once,
+each in its own process with one intra-op thread (started together), and prints their
+aggregate rate: the ceiling that running the harness on every core at once could reach on
+this machine (the copies share nothing but the memory system).
+
 ``--profile DRAFTER`` prints a cProfile (CPU-time clock) of one checked run instead
 (``--profile-out FILE`` also writes it; ``benchmarks/results/harness_profile_*.txt`` are
 such files).
@@ -98,6 +103,49 @@ def profile(args) -> None:
             fh.write(f"torch {torch.__version__}, {os.cpu_count()} CPUs\n" + out.getvalue())
 
 
+def _copy(target_name, drafter_name, args, start_at, queue) -> None:
+    """One process of ``--processes``: a warm-up, then one checked run from ``start_at`` (time.time())."""
+    torch.set_num_threads(1)
+    target = make_target(target_name, args.vocab, args.length)
+    drafter = zoo.make_drafter(drafter_name, target)
+    gen = torch.Generator().manual_seed(os.getpid())
+    common = dict(k=args.k, batch_size=args.batch, length=args.length, generator=gen)
+    run_harness(verify, target, drafter, **common)  # warm-up
+    time.sleep(max(0.0, start_at - time.time()))
+    w0 = time.perf_counter()
+    run = run_harness(verify, target, drafter, num_groups=max(1, 65536 // args.batch), **common)  # >= 65536 rows
+    queue.put((run.num_tokens, time.perf_counter() - w0))
+
+
+def processes(args) -> None:
+    """``--processes N``: the aggregate rate of N concurrent single-threaded copies per configuration."""
+    import multiprocessing as mp
+
+    context = mp.get_context("spawn")
+    print(
+        f"{args.processes} concurrent processes x 1 thread, B={args.batch} L={args.length} K={args.k}, checks on  [{load()}]"
+    )
+    for target_name in args.targets.split(","):
+        for name in args.drafters.split(","):
+            queue = context.Queue()
+            start_at = time.time() + 15.0  # after every copy's import and warm-up
+            procs = [
+                context.Process(target=_copy, args=(target_name, name, args, start_at, queue))
+                for _ in range(args.processes)
+            ]
+            for proc in procs:
+                proc.start()
+            results = [queue.get() for _ in procs]
+            for proc in procs:
+                proc.join()
+            each = ", ".join(f"{n / s / 1e6:.2f}" for n, s in results)
+            total = sum(n for n, _ in results) / max(s for _, s in results)
+            print(
+                f"{target_name + '/' + name:<28} aggregate {total / 1e6:5.2f} M tokens/s (each {each})  [{load()}]",
+                flush=True,
+            )
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=65536)
@@ -109,6 +157,7 @@ def main(argv=None):
     parser.add_argument("--targets", default="positional,markov")
     parser.add_argument("--drafters", default=",".join(zoo.ZOO), help="comma-separated zoo names (default all)")
     parser.add_argument("--checks", default="on,off", help="on, off or on,off")
+    parser.add_argument("--processes", type=int, default=0, metavar="N", help="N concurrent 1-thread copies instead")
     parser.add_argument("--profile", metavar="DRAFTER", help="cProfile one checked run instead")
     parser.add_argument("--profile-target", default="markov")
     parser.add_argument("--profile-lines", type=int, default=30)
@@ -117,6 +166,8 @@ def main(argv=None):
     args.threads = [int(t) for t in args.threads.split(",")]
     if args.profile:
         return profile(args)
+    if args.processes:
+        return processes(args)
     print(
         f"torch {torch.__version__}, {os.cpu_count()} CPUs, B={args.batch} L={args.length} K={args.k} "
         f"V={args.vocab}, best of {args.repeats}; M tokens/s wall | M tokens/CPU-s  [{load()}]",
