@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import torch
 
-from reference.sampling import CPU_CHUNK_ELEMENTS, chunk_rows, inverse_cdf, search_cdf, uniform
+from reference.sampling import chunk_rows, inverse_cdf, search_cdf, uniform
 from specverify.core.errors import InvalidArgument
-from specverify.core.validation import PROB_ATOL, check_generator, check_probs, check_shape, check_tokens
+from specverify.core.validation import check_generator, check_probs, check_shape, check_tokens
 
 __all__ = ["verify", "greedy_verify", "residual_weights", "check_verifier_inputs"]
 
@@ -40,14 +40,9 @@ __all__ = ["verify", "greedy_verify", "residual_weights", "check_verifier_inputs
 def check_verifier_inputs(target_probs, draft_probs, draft_tokens) -> tuple[int, int, int]:
     """Validate the verifier protocol's inputs; return ``(B, K, V)``.
 
-    Contiguous float32/float64 input of a moderate vocabulary is first judged by
-    :func:`_plainly_valid` (two cheap passes per tensor, two host syncs); whatever it does
-    not accept -- all invalid input among it -- goes through the full checks, which name
-    the first offending entry.  The fast path accepts only input the full checks accept.
+    Valid contiguous float32/float64 input costs two cheap passes per tensor (the fast path
+    of :func:`~specverify.core.validation.check_probs`) and one over the tokens.
     """
-    shape = _plainly_valid(target_probs, draft_probs, draft_tokens)
-    if shape is not None:
-        return shape
     check_probs("target_probs", target_probs)
     if target_probs.ndim != 3:
         raise InvalidArgument(f"target_probs must have shape (B, K+1, V), got {tuple(target_probs.shape)}")
@@ -61,120 +56,6 @@ def check_verifier_inputs(target_probs, draft_probs, draft_tokens) -> tuple[int,
     check_probs("draft_probs", draft_probs)
     check_shape("draft_tokens", draft_tokens, (B, K))
     check_tokens("draft_tokens", draft_tokens, V)
-    return B, K, V
-
-
-#: Dtypes whose row sums :func:`_plainly_valid` takes in the input dtype, with their unit roundoff.
-_FAST_SUM_DTYPES = {torch.float32: 2.0**-24, torch.float64: 2.0**-53}
-#: Longest block summed in the input dtype; longer rows are summed in blocks (a divisor of V).
-_SUM_BLOCK = 256
-
-
-def _gamma(n: int, u: float) -> float:
-    """Higham's ``gamma_n = n u / (1 - n u)``: any order of summing n + 1 terms errs by at most ``gamma_n sum|x|``."""
-    return n * u / (1.0 - n * u) if n * u < 0.5 else float("inf")
-
-
-def _sum_block(V: int) -> int | None:
-    """Block length m of the input-dtype partial sums of a row of V entries (m divides V), or None."""
-    if V <= _SUM_BLOCK:
-        return V
-    return next((m for m in range(_SUM_BLOCK, 31, -1) if V % m == 0), None)
-
-
-def _sum_margin(dtype: torch.dtype, V: int) -> float:
-    """Bound on ``|fl(s) - fl64(s)|`` for a row sum s <= 2 of V non-negative entries.
-
-    :func:`_probs_summary` sums blocks of m entries in the input dtype (unit roundoff u) and
-    the V/m block sums in float64; the full check sums the row in float64.  Summation in any
-    order errs by at most ``gamma_n s`` (Higham, *Accuracy and Stability of Numerical
-    Algorithms*, 2nd ed., eq. 4.4), so the two differ by at most
-    ``(gamma_m(u) + gamma_{V/m}(2^-53) (1 + gamma_m(u)) + gamma_V(2^-53)) s``; a small
-    absolute term covers flushed subnormals.  Infinite when V has no usable block.
-    """
-    m = _sum_block(V)
-    if m is None:
-        return float("inf")
-    u, u64 = _FAST_SUM_DTYPES[dtype], 2.0**-53
-    within = _gamma(m - 1, u)
-    return 2.0 * (within + _gamma(V // m, u64) * (1.0 + within) + _gamma(V, u64)) + 2.0**-60
-
-
-def _probs_summary(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """``(min entry, min row sum, max row sum)`` (0-dim tensors) of a contiguous probability tensor, or None.
-
-    None (take the full check) for other dtypes, layouts or vocabularies for which
-    :func:`_sum_margin` is not small.  Rows of at most ``_SUM_BLOCK`` entries are summed in
-    the input dtype; longer ones in input-dtype blocks whose sums are added in float64
-    (then all three values are float64).
-    """
-    if probs.dtype not in _FAST_SUM_DTYPES or not probs.is_contiguous() or probs.numel() == 0:
-        return None
-    V = probs.shape[-1]
-    if _sum_margin(probs.dtype, V) > PROB_ATOL / 2:
-        return None
-    m = _sum_block(V)
-    assert m is not None  # the margin is finite
-    min_entry, block_sums = _min_and_block_sums(probs.view(-1, m))  # (), (N*V/m,) in the input dtype
-    if m == V:
-        low_sum, high_sum = torch.aminmax(block_sums)
-        return min_entry, low_sum, high_sum
-    low_sum, high_sum = torch.aminmax(block_sums.view(-1, V // m).sum(-1, dtype=torch.float64))  # (N,) row sums
-    return min_entry.double(), low_sum, high_sum
-
-
-def _min_and_block_sums(parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Smallest entry and per-row sums of ``parts`` (n, m), in its dtype.
-
-    Whole-tensor reductions, except on a CPU with several intra-op threads: there in serial
-    chunks below ATen's parallel grain size (as :mod:`reference.sampling` does), since a
-    parallel region costs ~1 ms instead of ~10 us when a thread of it is descheduled.
-    """
-    n, m = parts.shape
-    if parts.device.type != "cpu" or torch.get_num_threads() == 1 or parts.numel() <= CPU_CHUNK_ELEMENTS:
-        return torch.amin(parts), parts.sum(-1)
-    step = chunk_rows(n, m, parts.device)  # several threads: below the parallel grain size
-    sums = torch.empty(n, dtype=parts.dtype)  # (n,)
-    mins = torch.empty((n + step - 1) // step, dtype=parts.dtype)  # one per chunk
-    for i, start in enumerate(range(0, n, step)):
-        chunk = parts[start : start + step]  # (step, m)
-        torch.amin(chunk, out=mins[i])
-        torch.sum(chunk, -1, out=sums[start : start + step])
-    return torch.amin(mins), sums
-
-
-def _plainly_valid(target_probs, draft_probs, draft_tokens) -> tuple[int, int, int] | None:
-    """``(B, K, V)`` when the inputs are valid by a cheap sufficient test, else None.
-
-    Accepts when the shapes and dtypes fit, every entry is >= 0 (a NaN fails), every
-    input-dtype row sum is within ``PROB_ATOL - margin`` of 1 (an inf or NaN fails) and the
-    tokens lie in [0, V).  With ``margin`` from :func:`_sum_margin`, every float64 row sum
-    of the full check is then within ``PROB_ATOL`` of 1 and every entry finite: the full
-    check would accept too.  None says nothing; the caller runs the full check.
-    """
-    tensors = (target_probs, draft_probs, draft_tokens)
-    if not all(isinstance(t, torch.Tensor) for t in tensors) or target_probs.ndim != 3:
-        return None
-    B, K1, V = target_probs.shape
-    K = K1 - 1
-    if B < 1 or K < 1 or V < 1 or tuple(draft_probs.shape) != (B, K, V) or tuple(draft_tokens.shape) != (B, K):
-        return None
-    if draft_tokens.is_floating_point() or draft_tokens.is_complex() or draft_tokens.dtype == torch.bool:
-        return None
-    target, draft = _probs_summary(target_probs), _probs_summary(draft_probs)
-    if target is None or draft is None:
-        return None
-    summaries = (
-        (*target, *draft) if target_probs.dtype == draft_probs.dtype else [v.double() for v in (*target, *draft)]
-    )
-    values = torch.stack(summaries).tolist()  # 6 floats (exact in Python floats)
-    bound = PROB_ATOL - max(_sum_margin(target_probs.dtype, V), _sum_margin(draft_probs.dtype, V))
-    for min_entry, low_sum, high_sum in (values[0:3], values[3:6]):
-        if not (min_entry >= 0 and 1.0 - low_sum <= bound and high_sum - 1.0 <= bound):
-            return None
-    low_token, high_token = torch.stack(torch.aminmax(draft_tokens)).tolist()
-    if not (low_token >= 0 and high_token < V):
-        return None
     return B, K, V
 
 

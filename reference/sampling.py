@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from specverify.core.errors import InvalidArgument
+from specverify.core.rowsums import SERIAL_CHUNK_ELEMENTS
 from specverify.core.validation import check_generator, check_probs
 
 __all__ = ["sample", "uniform", "inverse_cdf", "search_cdf", "chunk_rows"]
@@ -28,7 +29,7 @@ __all__ = ["sample", "uniform", "inverse_cdf", "search_cdf", "chunk_rows"]
 #: regions are disastrous on a loaded machine (each waits for a descheduled OpenMP thread:
 #: ~1 ms instead of ~10 us); few large ones over the whole tensor are 3x slower than cached
 #: serial chunks at V=32.  Other devices process all rows at once.
-CPU_CHUNK_ELEMENTS = (1 << 15) - 1
+CPU_CHUNK_ELEMENTS = SERIAL_CHUNK_ELEMENTS
 #: With a single intra-op thread no op can start a parallel region, and chunks this many
 #: times larger (still cache-resident) halve the per-op overhead.
 SINGLE_THREAD_CHUNK_FACTOR = 4

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from specverify.core.errors import InvalidArgument
+from specverify.core.rowsums import plainly_normalised
 
 __all__ = [
     "check_bool",
@@ -213,7 +214,10 @@ def check_probs(
     only need a positive, finite sum.  ``row_sums=False`` checks the entries only
     (for a caller that checks the sums itself).
 
-    Valid input costs one ``aminmax`` pass (NaN fails both comparisons) and float64
+    Contiguous float32/float64 rows of a moderate vocabulary are first judged by
+    :func:`~specverify.core.rowsums.plainly_normalised` (the smallest entry and input-dtype
+    row sums with a proven rounding margin: it accepts only what the full check accepts).
+    Otherwise valid input costs one ``aminmax`` pass (NaN fails both comparisons) and float64
     row sums in cache-sized chunks; broadcast (expanded) dimensions are checked once,
     without materialising them.  Only input that fails is scanned again, to name the
     first offending entry.
@@ -229,6 +233,8 @@ def check_probs(
     if probs.numel() == 0:
         return probs
     atol = max(atol, LOW_PRECISION_ATOL.get(probs.dtype, 0.0))
+    if row_sums and normalised and plainly_normalised(probs, atol):
+        return probs
     rows = _narrow_broadcast(probs, keep_last=True)  # (..., V) every distinct row at least once
     low, high = torch.aminmax(_narrow_broadcast(rows, keep_last=False))
     if bool((low >= 0) & (high < float("inf"))) and (
@@ -277,6 +283,9 @@ def check_tokens(name: str, tokens, vocab_size: int) -> torch.Tensor:
     if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
         raise InvalidArgument(f"{name} must have an integer dtype, got {tokens.dtype}")
     if tokens.numel():
+        low, high = torch.aminmax(tokens)
+        if bool((low >= 0) & (high < vocab_size)):
+            return tokens
         bad = (tokens < 0) | (tokens >= vocab_size)
         if bool(bad.any()):
             i = int(bad.flatten().nonzero()[0])
