@@ -351,6 +351,21 @@ def threshold_level_sample(
 # --------------------------------------------------------------------------- Medusa typical acceptance on a tree
 
 
+def _same_inputs(rows, tokens, parents, paths) -> bool:
+    """Whether the paths (node lists of one length) read equal values from bitwise-equal parent rows at every depth.
+
+    Then any implementation that derives a token's probability from its parent's row alone
+    (e.g. a softmax of that row) computes equal likelihoods for them.
+    """
+    first = paths[0]
+    for other in paths[1:]:
+        for a, c in zip(first, other):
+            row_a, row_c = rows[int(parents[a]) + 1], rows[int(parents[c]) + 1]
+            if not torch.equal(row_a, row_c) or float(row_a[int(tokens[a])]) != float(row_c[int(tokens[c])]):
+                return False
+    return True
+
+
 def typical_tree_walk(target_probs, tokens, parents, *, eps: float = 0.09, delta: float = 0.3,
                       entropy_offset: float = 0.0, tolerance: float = 1e-5):  # fmt: skip
     """Medusa's tree walk (typical acceptance, longest accepted path, ties by likelihood), deterministic.
@@ -373,7 +388,11 @@ def typical_tree_walk(target_probs, tokens, parents, *, eps: float = 0.09, delta
     tolerance : float
         Relative margin below which a decision (a threshold comparison, or the likelihood
         comparison that picks the end node) is flagged as ambiguous: an implementation in
-        float32 may decide it either way.
+        float32 may decide it either way.  A likelihood tie between deepest nodes within the
+        margin is ambiguous too, and so is an exact float64 tie unless the tied paths'
+        likelihoods come from identical inputs (equal values in bitwise-equal parent rows at
+        every depth): an implementation that recomputes them in its own precision (Medusa:
+        softmax of logits in float32) may break such a tie either way.
 
     Returns
     -------
@@ -384,7 +403,8 @@ def typical_tree_walk(target_probs, tokens, parents, *, eps: float = 0.09, delta
     slot : Tensor (B,) long
         The slot whose law gives the next token (0 = root, n+1 = node n).
     ambiguous : Tensor (B,) bool
-        Rows with a decision within ``tolerance`` of its boundary.
+        Rows with a decision within ``tolerance`` of its boundary, or a likelihood tie that
+        an implementation could break either way.
     """
     p = target_probs.to(torch.float64)  # (B, N+1, V)
     tokens, parents = tokens.long(), parents.long()
@@ -420,7 +440,8 @@ def typical_tree_walk(target_probs, tokens, parents, *, eps: float = 0.09, delta
         paths = {n: _root_path(parents[b], n) for n in near}
         if len(near) > 1:
             exact = [n for n in near if float(loglik[b, n]) == best_ll]
-            ambiguous[b] |= len(exact) != len(near)
+            same = _same_inputs(p[b], tokens[b], parents[b], [paths[n] for n in exact])
+            ambiguous[b] |= len(exact) != len(near) or not same
             near = exact
         end = min(near, key=lambda n: paths[n])
         out_path[b, :deepest] = torch.tensor(paths[end])

@@ -137,9 +137,25 @@ def test_reference_walk_breaks_exact_ties_by_the_first_path():
     target = torch.full((1, 4, 2), 0.5)
     tokens = torch.tensor([[0, 0, 1]])  # nodes 0 and 1 carry the same token: equal likelihood
     parents = torch.tensor([[-1, -1, 1]])  # node 2 under node 1: the deeper path wins first
-    assert lossy.typical_tree_walk(target, tokens, parents, eps=0.4)[0].tolist() == [[1, 2]]
+    path, _, _, ambiguous = lossy.typical_tree_walk(target, tokens, parents, eps=0.4)
+    assert path.tolist() == [[1, 2]] and not ambiguous.any()  # no tie at the deepest level
     parents = torch.tensor([[-1, -1, PAD]])
-    assert lossy.typical_tree_walk(target, tokens, parents, eps=0.4)[0].tolist() == [[0]]
+    path, _, _, ambiguous = lossy.typical_tree_walk(target, tokens, parents, eps=0.4)
+    assert path.tolist() == [[0]] and not ambiguous.any()  # equal values of one parent row
+
+
+def test_reference_walk_flags_exact_ties_from_different_rows():
+    # paths [0, 2] and [1, 3] tie exactly in float64, but their second tokens are read from two
+    # parent rows that differ (elsewhere than at those tokens): an implementation recomputing the
+    # likelihoods from each row (Medusa: softmax of logits in float32) may break the tie either way
+    target = torch.tensor([[[0.5, 0.5, 0.0], [0.6, 0.2, 0.2], [0.6, 0.3, 0.1], [1 / 3] * 3, [1 / 3] * 3]])
+    tokens = torch.tensor([[0, 1, 0, 0]])
+    parents = torch.tensor([[-1, -1, 0, 1]])
+    path, _, _, ambiguous = lossy.typical_tree_walk(target, tokens, parents, eps=0.05)
+    assert path.tolist() == [[0, 2]] and ambiguous.tolist() == [True]
+    target[0, 2] = target[0, 1]  # identical parent rows: every implementation computes the same tie
+    path, _, _, ambiguous = lossy.typical_tree_walk(target, tokens, parents, eps=0.05)
+    assert path.tolist() == [[0, 2]] and ambiguous.tolist() == [False]
 
 
 @pytest.mark.parametrize("next_token", ["typical", "greedy"])
