@@ -12,6 +12,7 @@ import sys
 
 import pytest
 import torch
+from _medusa import medusa_formula
 
 from reference import lossy
 from specverify.adapters import medusa as adapter
@@ -43,12 +44,7 @@ def _fake_evaluate_posterior(calls):
     def evaluate_posterior(logits, candidates, temperature, posterior_threshold, posterior_alpha):
         calls.append((tuple(logits.shape), tuple(candidates.shape), temperature))
         assert logits.ndim == 3 and candidates.shape == logits.shape[:2] and logits.shape[0] == 1
-        probs = torch.softmax(logits[:, :-1] / temperature, dim=-1)  # (1, K, V)
-        cand = probs.gather(-1, candidates[:, 1:, None]).squeeze(-1)  # (1, K)
-        entropy = -(probs * torch.log(probs + 1e-5)).sum(-1)
-        thr = torch.minimum(torch.full_like(entropy, posterior_threshold), torch.exp(-entropy) * posterior_alpha)
-        length = torch.cumprod((cand > thr).int(), dim=1).sum(1).max()
-        return torch.tensor(0), length
+        return medusa_formula(logits, candidates, temperature, posterior_threshold, posterior_alpha)
 
     return evaluate_posterior
 

@@ -16,6 +16,7 @@ import functools
 import pytest
 import torch
 from _adapter_trees import TREE
+from _medusa import medusa_formula
 
 from reference import lossy
 from specverify.adapters import medusa as chain_adapter
@@ -35,21 +36,7 @@ ALPHA = 1e-6
 OFFSET = adapter.ENTROPY_OFFSET
 
 
-def _medusa_formula(logits, candidates, temperature, posterior_threshold, posterior_alpha):
-    """Medusa's ``evaluate_posterior`` (sampling branch) restated: the stand-in for engine-free tests."""
-    probs = torch.softmax(logits[:, :-1] / temperature, dim=-1)  # (P, D, V')
-    cand = probs.gather(-1, candidates[:, 1:, None]).squeeze(-1)  # (P, D)
-    entropy = -(probs * torch.log(probs + 1e-5)).sum(-1)  # (P, D)
-    thr = torch.minimum(torch.full_like(entropy, posterior_threshold), torch.exp(-entropy) * posterior_alpha)
-    lengths = torch.cumprod((cand > thr).int(), dim=1).sum(1)  # (P,)
-    length = lengths.max()
-    if length == 0:
-        return torch.tensor(0), length
-    best = torch.where(lengths == length)[0]
-    return best[torch.log(cand[best, :length]).sum(-1).argmax()], length
-
-
-def _stand_in(monkeypatch, calls=None, fn=_medusa_formula):
+def _stand_in(monkeypatch, calls=None, fn=medusa_formula):
     def evaluate_posterior(logits, candidates, *args):
         if calls is not None:
             calls.append((logits.clone(), candidates.clone()))
