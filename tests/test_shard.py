@@ -75,6 +75,27 @@ def test_worker_processes_give_the_inline_report():
     assert "workers=2" in sharded.command and "sharding" not in inline.extra
 
 
+def test_threads_give_the_inline_report_and_restore_torch_threads():
+    inline = sv.check_verifier(verify, tier="smoke", seed=0, scenarios=SCENARIOS)
+    previous = torch.get_num_threads()
+    seen = []
+
+    def watched(target_probs, draft_probs, draft_tokens, *, generator):  # a local function: nothing is pickled
+        seen.append(torch.get_num_threads())
+        return verify(target_probs, draft_probs, draft_tokens, generator=generator)
+
+    threaded = sv.check_verifier(watched, tier="smoke", seed=0, scenarios=SCENARIOS, workers=2, backend="threads")
+    assert _stats(threaded) == _stats(inline) and threaded.verdict == inline.verdict == "pass"
+    assert threaded.extra["sharding"]["backend"] == "threads" and threaded.extra["sharding"]["shards"] == 8
+    assert set(seen) == {1} and torch.get_num_threads() == previous  # serial operators during the run only
+    stopped = sv.check_verifier(
+        by_name("residual_is_p").fn, scenarios=["pos8_uniform_k4", "pos16_noisy_k1"], until_decisive=True,
+        workers=2, backend="threads",
+    )  # fmt: skip
+    assert stopped.verdict == "fail" and stopped.extra["anytime"]["decisive"] is not None
+    assert torch.get_num_threads() == previous
+
+
 def test_a_killed_worker_is_retried_and_changes_nothing(tmp_path):
     fault = KillOnce(str(tmp_path / "killed"), shard=2)
     job = Job("verifier", verify, "smoke", 1, fault=fault)
@@ -110,6 +131,8 @@ def test_infrastructure_errors_are_retried_then_reported():
     shards = plan_shards([("pos8_uniform_k4", 2, 1.0)], 2)
     with pytest.raises(ShardError, match="failed 2 times; last: OSError: disk full"):
         execute(job, shards, backend="processes", workers=2, on_output=lambda out: None, retries=1)
+    with pytest.raises(OSError, match="disk full"):  # in this process nothing is lost: no retries
+        execute(job, shards, backend="threads", workers=2, on_output=lambda out: None, retries=1)
 
 
 def test_ctrl_c_stops_the_workers():

@@ -172,11 +172,12 @@ def _add_audit(sub) -> None:
         help="dtype of the probabilities handed to a verifier (verifier, tree-verifier, drafter audits; default float32)",
     )
     shards = audit.add_argument_group("sharded runs (verifier and tree-verifier audits; statistics never change)")
-    shards.add_argument("--workers", type=int, default=1, metavar="N", help="run shards in N worker processes")
+    shards.add_argument("--workers", type=int, default=1, metavar="N", help="run shards in N workers")
     shards.add_argument(
         "--backend",
-        choices=("inline", "processes", "ray"),
-        help="inline (1 worker), processes (default for N > 1), ray",
+        choices=("inline", "threads", "processes", "ray"),
+        help="inline (1 worker), threads (N threads of this process; a thread-safe implementation), "
+        "processes (default for N > 1), ray",
     )
     shards.add_argument("--shards", type=int, metavar="S", help="shards in the plan (default 4 per worker)")
     shards.add_argument("--ray-address", metavar="ADDR", help="an existing Ray cluster (default: start a local one)")

@@ -54,7 +54,11 @@ OPTIONS = {
     "device": (None, "DEVICE", "where the implementation runs: cpu (default), cuda:0, ..."),
     "dtype": (None, "DTYPE", "dtype of the probabilities handed in: float32 (default) | bfloat16 | float16"),
     "workers": ("1", "N", "run the battery's shards in N worker processes (statistics unchanged; default 1)"),
-    "backend": (None, "BACKEND", "inline | processes (default for N > 1) | ray (a local Ray cluster of N CPUs)"),
+    "backend": (
+        None,
+        "BACKEND",
+        "inline | threads (N threads; a thread-safe implementation) | processes (default for N > 1) | ray (a local Ray cluster of N CPUs)",
+    ),
     "battery": (
         DEFAULT_BATTERY,
         "MODULE",

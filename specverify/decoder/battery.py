@@ -209,8 +209,9 @@ def check_decoder(
     workers, backend, shards, ray_address : optional
         Check the prompts in parallel (:mod:`specverify.shard`; one unit per prompt, whose seeds
         derive from the root seed and its index, so the report is the same): ``workers``
-        local processes, or Ray tasks with ``backend="ray"``.  The decoder and target travel
-        to the workers by pickling.
+        local processes, threads with ``backend="threads"`` (a thread-safe decoder only), or
+        Ray tasks with ``backend="ray"``.  The decoder and target travel to worker processes
+        by pickling.
 
     Returns
     -------

@@ -1,4 +1,4 @@
-"""Run a shard plan: in this process, in N local worker processes, or as tasks on a Ray cluster.
+"""Run a shard plan: in this process (on one or N threads), in N local worker processes, or on a Ray cluster.
 
 ``execute(job, shards, backend=..., workers=..., on_output=...)`` calls ``on_output`` in the
 driver once per finished shard, in completion order (callers that need a fixed order --
@@ -15,10 +15,19 @@ output does not depend on the attempt or the process (its groups are seeded by p
 position), so a retry changes nothing in the statistics.  Ctrl-C cancels everything and
 re-raises: nothing is merged or written.
 
-Backends: ``"inline"`` (this process; no retries), ``"processes"`` (``concurrent.futures``
+Backends: ``"inline"`` (this process; no retries), ``"threads"`` (``workers`` threads of this
+process; no retries, nothing pickled or spawned), ``"processes"`` (``concurrent.futures``
 with spawned workers; no extra dependency) and ``"ray"`` (``pip install specverify[ray]``;
 with no address a local Ray instance of ``workers`` CPUs is started and shut down by the
 run; a shard asks for one GPU when the implementation runs on CUDA).
+
+``"threads"`` suits small audits on a few cores: torch releases the GIL inside its operators,
+so shards overlap without the seconds each spawned worker spends importing torch.  For the run
+torch's intra-op threads are set to 1 (as in a worker process) and restored after, since every
+shard's operators would otherwise start parallel regions on the same cores.  The
+implementation is called from several threads at once, so it must be thread-safe (no shared
+mutable state, no global RNG); a shard cannot be killed, so Ctrl-C or a stop waits for the
+running shards to finish.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 
 from specverify.core.errors import InvalidArgument, SpecVerifyError
 from specverify.core.validation import check_int
@@ -35,7 +44,7 @@ from specverify.shard.work import Job, ShardOutput, run_shard
 
 __all__ = ["BACKENDS", "ShardError", "execute", "check_backend"]
 
-BACKENDS = ("inline", "processes", "ray")
+BACKENDS = ("inline", "threads", "processes", "ray")
 RAY_INSTALL = "pip install 'specverify[ray]'  (or: pip install ray)"
 
 
@@ -79,6 +88,8 @@ def execute(
             if on_output(run_shard(job, shard)):
                 break
         return []
+    if backend == "threads":
+        return _threads(job, shards, workers, on_output)
     if backend == "processes":
         _check_picklable(job)
         return _processes(job, shards, workers, on_output, retries)
@@ -114,6 +125,26 @@ class _Attempts:
         self.incidents.append({"shard": shard.index, "attempt": attempt, "error": text})
         if attempt > self.retries:
             raise ShardError(f"shard {shard.index} failed {attempt} times; last: {text}") from error
+
+
+def _threads(job, shards, workers, on_output) -> list[dict]:
+    """Shards on ``workers`` threads of this process; ``on_output`` is called in this thread, in completion order."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in a worker process: each shard's operators run serially
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="specverify-shard")
+    try:
+        pending = {pool.submit(run_shard, job, shard) for shard in shards}
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                if on_output(future.result()):  # a decisive stop: the shards not started are cancelled
+                    return []
+        return []
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # running shards finish: a thread cannot be killed
+        torch.set_num_threads(previous)
 
 
 def _init_worker() -> None:

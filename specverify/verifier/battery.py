@@ -365,9 +365,10 @@ def check_verifier(
         detectable TV; a deep-tier failure in bfloat16 alone can be that rounding.
     workers, backend, shards, ray_address : optional
         Run the sampling scenarios as shards (:mod:`specverify.shard`): ``workers`` local
-        processes (``backend="processes"``, the default for workers > 1) or Ray tasks
-        (``backend="ray"``; a local Ray instance of ``workers`` CPUs unless ``ray_address``
-        names a cluster), ``shards`` pieces (default 4 per worker).  The statistics and the
+        processes (``backend="processes"``, the default for workers > 1), threads of this
+        process (``backend="threads"``: no start-up cost, for a thread-safe ``verify``) or Ray
+        tasks (``backend="ray"``; a local Ray instance of ``workers`` CPUs unless
+        ``ray_address`` names a cluster), ``shards`` pieces (default 4 per worker).  The statistics and the
         verdict are the same for every choice: each group of rows is seeded from (seed,
         scenario, group).  A lost worker's shard is retried (``report.extra["sharding"]``).
     until_decisive : bool
