@@ -65,6 +65,8 @@ def test_shared_setup_gives_the_same_runs_and_refuses_other_models():
         )
         for field in ("tokens", "target_contexts", "draft_contexts", "trial_positions", "trial_accept_probs"):
             assert torch.equal(getattr(own, field), getattr(shared, field)), field
+    with pytest.raises(ValueError, match="drafter vocabulary 7 != target vocabulary 6"):
+        run_harness(_fast, target, tables.markov(7, seed=3), generator=torch.Generator().manual_seed(0), **common)
     other = zoo.make_drafter("uniform", target)
     with pytest.raises(InvalidArgument, match="different drafter"):
         run_harness(_fast, target, other, generator=torch.Generator().manual_seed(0), setup=setup, **common)

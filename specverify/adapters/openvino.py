@@ -230,7 +230,6 @@ class OpenVINODecoder:
         memoize=False,
     ):
         self._memo = OutputMemo(memoize)  # validates memoize
-        self.memoize = memoize
         if pipeline not in PIPELINES:
             raise InvalidArgument(f"pipeline must be one of {list(PIPELINES)}, got {pipeline!r}")
         if precision not in PRECISION:
@@ -250,7 +249,7 @@ class OpenVINODecoder:
         o = self.options
         return (
             f"OpenVINODecoder({spec}, temperature={o['temperature']}, top_k={o['top_k']}, top_p={o['top_p']}, "
-            f"pipeline={self.pipeline!r}, precision={self.precision!r}{', memoize=True' if self.memoize else ''})"
+            f"pipeline={self.pipeline!r}, precision={self.precision!r}{', memoize=True' if self._memo.enabled else ''})"
         )
 
     def _build(self):

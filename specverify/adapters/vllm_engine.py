@@ -134,7 +134,6 @@ class VllmDecoder:
         self.patch_expand = check_bool("patch_expand", patch_expand)
         self.seed_global_rng = check_bool("seed_global_rng", seed_global_rng)
         self._memo = OutputMemo(memoize)  # validates memoize
-        self.memoize = memoize
         if method is not None and method not in METHODS:
             raise InvalidArgument(f"method must be one of {list(METHODS)} or None, got {method!r}")
         if method == "draft_model" and draft_dir is None:
@@ -157,7 +156,7 @@ class VllmDecoder:
             spec += f", draft_sample_method={self.draft_sample_method}"
         patched = ", patch_expand=True" if self.patch_expand else ""
         patched += ", seed_global_rng=True" if self.seed_global_rng else ""
-        patched += ", memoize=True" if self.memoize else ""
+        patched += ", memoize=True" if self._memo.enabled else ""
         return f"VllmDecoder({spec}, temperature={self.temperature}, top_k={self.top_k}, top_p={self.top_p}{patched})"
 
     def _speculative_config(self):
