@@ -54,6 +54,16 @@ def test_importable_without_the_packages():
             gpu_kernels.flashinfer_chain_verifier()
 
 
+def test_a_package_that_fails_to_import_is_named_with_its_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flashinfer", types.ModuleType("flashinfer"))
+    monkeypatch.setitem(sys.modules, "flashinfer.sampling", None)  # installed, but its import fails
+    with pytest.raises(ImportError, match=r"flashinfer-python\).*importing it failed with ModuleNotFoundError"):
+        gpu_kernels.flashinfer_chain_verifier()
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(ImportError, match=r"pip install vllm\).*importing it failed with ModuleNotFoundError"):
+        gpu_kernels.vllm_rejection_sample_verifier()
+
+
 def test_from_padded():
     ids = torch.tensor([[3, -1, -1], [1, 2, 0], [5, 4, -1]], dtype=torch.int32)
     tokens, n = gpu_kernels.from_padded((ids, None), 3, 2, "x")

@@ -7,15 +7,20 @@ Sections (each timed, each skipped with a note when the time budget would be exc
    bfloat16 vs direct sampling (``reference.direct.DirectSampler``): new tokens/s at each batch
    size, tokens per target pass, time per target pass (a direct step) against the
    memory-bound estimate of ``specverify.drafter.costmodel.target_pass_seconds``;
-3. ``check_verifier/`` -- ``check_verifier(reference.rules.verify, device=..., tier=...)``:
-   its report (json, md), wall time and detectable TV;
-4. ``kernels.json`` (+ ``kernel_<name>/report.json``) -- the FlashInfer and vLLM adapters of
+3. ``check_verifier.json`` (+ ``check_verifier/report.{json,md}``) --
+   ``check_verifier(reference.rules.verify, device=...)`` at the smoke tier: verdict, wall time
+   and detectable TV;
+4. ``kernels.json`` (+ ``kernel_<name>/report.{json,md}``) -- the FlashInfer and vLLM adapters of
    ``specverify.adapters.gpu_kernels`` audited on the device when their packages import;
-5. ``summary.json`` -- the figures above in one place, and what was skipped and why.
+5. ``check_verifier_standard.json`` (+ ``check_verifier_standard/``) -- the same audit at the
+   standard tier, run only when its time projected from the smoke run (x the tiers' sample
+   ratio) fits in what is left of the budget;
+6. ``summary.json`` -- the figures above in one place, and what was skipped and why; rewritten
+   after every section, so a run stopped by its time limit keeps what it finished.
 
 ``--dry-run``: the same code paths on the CPU with tiny sizes (CI runs it, < 30 s).
 
-Usage: python benchmarks/gpu/driver.py --out DIR [--dry-run] [--device cuda:0] [--budget 450]
+Usage: python benchmarks/gpu/driver.py --out DIR [--dry-run] [--device cuda:0] [--budget 270]
 """
 
 from __future__ import annotations
@@ -39,22 +44,25 @@ from reference.processors import SamplingConfig
 from reference.rules import verify as reference_verify
 from specverify.drafter.costmodel import target_pass_seconds
 from specverify.report import write_report
+from specverify.verifier.scenarios import TIER_SCALE
 
 #: Sizes of the real run and of the dry run.
 SIZES = {
     "gpu": dict(
         vocab=32000, d_model=2048, layers=16, heads=16, draft_layers=2, batches=(1, 64), k=4, max_new=128,
-        repeats=3, tier="standard", scenarios=None, kernel_tier="smoke", bytes_per_param=2.0,
+        repeats=3, scenarios=None, kernel_tier="smoke", bytes_per_param=2.0,
         kernel_scenarios=["pos8_uniform_k4", "markov8_temperature_k2", "pos32_adversary_k4", "pos32_topk_disjoint_k4"],
     ),
     "dry": dict(
         vocab=64, d_model=32, layers=2, heads=2, draft_layers=1, batches=(1, 4), k=2, max_new=8,
-        repeats=1, tier="smoke", scenarios=["pos8_uniform_k4"], kernel_tier="smoke", bytes_per_param=2.0,
+        repeats=1, scenarios=["pos8_uniform_k4"], kernel_tier="smoke", bytes_per_param=2.0,
         kernel_scenarios=["pos8_uniform_k4"],
     ),
 }  # fmt: skip
 #: HBM bandwidth (bytes/s) by device-name substring, for the memory-bound estimate.
 BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12, "L40": 0.864e12, "A10": 0.6e12, "T4": 0.32e12}
+#: The standard tier's time projected from the smoke tier's: the ratio of their samples, with a margin.
+STANDARD_OVER_SMOKE = 1.25 * TIER_SCALE["standard"] / TIER_SCALE["smoke"]
 
 
 def _sync(device: torch.device) -> None:
@@ -83,6 +91,7 @@ def environment(device: torch.device) -> dict:
         "device": str(device),
         "specverify": sv.__version__,
         "threads": torch.get_num_threads(),
+        "kernel_packages": _package_versions(("flashinfer", "vllm")),
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -92,6 +101,30 @@ def environment(device: torch.device) -> dict:
             sm_count=props.multi_processor_count,
         )
     return env
+
+
+def standard_tier_veto(smoke_seconds: float | None, seconds_left: float) -> str | None:
+    """Why the standard-tier audit is skipped, or None to run it: its time projected from the smoke run's."""
+    if smoke_seconds is None:
+        return "the smoke-tier audit did not finish"
+    projected = smoke_seconds * STANDARD_OVER_SMOKE
+    if projected <= seconds_left:
+        return None
+    return f"projected {projected:.0f} s (smoke tier {smoke_seconds:.1f} s), {seconds_left:.0f} s left of the budget"
+
+
+def _package_versions(names) -> dict:
+    """``{name: version or None}`` of the kernel packages, found without importing them."""
+    from importlib import metadata, util
+
+    dists = {"flashinfer": "flashinfer-python", "vllm": "vllm"}
+    found = {}
+    for name in names:
+        try:
+            found[name] = metadata.version(dists[name]) if util.find_spec(name) else None
+        except metadata.PackageNotFoundError:
+            found[name] = "unknown version"
+    return found
 
 
 def bench_decoder(device: torch.device, size: dict, dtype: torch.dtype, bandwidth: float) -> dict:
@@ -181,7 +214,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True, help="folder for every output")
     parser.add_argument("--dry-run", action="store_true", help="same code paths on the CPU, tiny sizes")
     parser.add_argument("--device", default="cuda:0")
-    parser.add_argument("--budget", type=float, default=330.0, help="seconds for the whole run (sections skip past it)")
+    parser.add_argument("--budget", type=float, default=270.0, help="seconds for the whole run (sections skip past it)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -193,16 +226,35 @@ def main(argv=None) -> int:
     (out / "environment.json").write_text(json.dumps(env, indent=2))
     name = env.get("device_name", "")
     bandwidth = next((bw for key, bw in BANDWIDTH.items() if key in name), 3.35e12)
-    # (section, estimated seconds, function)
+
+    def write_summary() -> None:
+        summary["seconds"] = time.perf_counter() - started
+        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+
+    def standard_fits() -> str | None:
+        smoke = summary["sections"].get("check_verifier", {}).get("result")
+        return standard_tier_veto(
+            None if smoke is None else smoke["seconds"], args.budget - (time.perf_counter() - started)
+        )
+
+    # (section, estimated seconds, function, extra reason to skip or None)
     sections = [
-        ("decoder", 90.0, lambda: bench_decoder(device, size, torch.bfloat16, bandwidth)),
-        ("kernels", 60.0, lambda: kernels(out, device, size["kernel_tier"], size["kernel_scenarios"], args.dry_run)),
-        ("check_verifier", 150.0, lambda: audit(reference_verify, out / "check_verifier", device, size["tier"], size["scenarios"])),
+        ("decoder", 90.0, lambda: bench_decoder(device, size, torch.bfloat16, bandwidth), None),
+        ("check_verifier", 20.0, lambda: audit(reference_verify, out / "check_verifier", device, "smoke", size["scenarios"]), None),
+        ("kernels", 90.0, lambda: kernels(out, device, size["kernel_tier"], size["kernel_scenarios"], args.dry_run), None),
+        ("check_verifier_standard", 0.0, lambda: audit(reference_verify, out / "check_verifier_standard", device, "standard", size["scenarios"]), standard_fits),
     ]  # fmt: skip
-    for section, estimate, fn in sections:
+    for section, estimate, fn, veto in sections:
         left = args.budget - (time.perf_counter() - started)
-        if not args.dry_run and left < estimate:
-            summary["skipped"][section] = f"{left:.0f} s left of the budget, the section needs about {estimate:.0f} s"
+        if args.dry_run and section == "check_verifier_standard":
+            summary["skipped"][section] = "dry run"
+            continue
+        reason = veto() if veto is not None and not args.dry_run else None
+        if reason is None and not args.dry_run and left < estimate:
+            reason = f"{left:.0f} s left of the budget, the section needs about {estimate:.0f} s"
+        if reason is not None:
+            summary["skipped"][section] = reason
+            write_summary()
             continue
         t0 = time.perf_counter()
         try:
@@ -211,9 +263,9 @@ def main(argv=None) -> int:
             summary["sections"][section] = dict(seconds=time.perf_counter() - t0, result=result)
         except Exception as exc:
             summary["sections"][section] = dict(error="".join(traceback.format_exception(exc))[-3000:])
+        write_summary()
         print(f"{section}: {time.perf_counter() - t0:.1f} s", flush=True)
-    summary["seconds"] = time.perf_counter() - started
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    write_summary()
     failed = [s for s, v in summary["sections"].items() if "error" in v]
     print(
         f"done in {summary['seconds']:.1f} s; errors in: {failed or 'none'}; skipped: {list(summary['skipped']) or 'none'}"

@@ -68,11 +68,22 @@ def from_padded(output_token_ids, B: int, K: int, engine: str):
 # ---------------------------------------------------------------------------- FlashInfer
 
 
+def _missing(need: str, exc: ImportError) -> str:
+    """The message of a kernel package that does not import: what is needed, and why the import failed.
+
+    The package may be installed but fail to import (a dependency of its own is missing, or it was
+    built for another torch); the underlying error says which.
+    """
+    return f"{need}; importing it failed with {type(exc).__name__}: {exc}"
+
+
 def _flashinfer_kernel():
     try:
         from flashinfer.sampling import chain_speculative_sampling
     except ImportError as exc:
-        raise ImportError("the FlashInfer adapter needs flashinfer: pip install flashinfer-python") from exc
+        raise ImportError(
+            _missing("the FlashInfer adapter needs flashinfer (pip install flashinfer-python)", exc)
+        ) from exc
     return chain_speculative_sampling
 
 
@@ -202,7 +213,7 @@ def vllm_rejection_sample_verifier():
     try:
         from vllm.v1.sample import rejection_sampler as rs
     except ImportError as exc:
-        raise ImportError("the vLLM GPU adapter needs vllm (a CUDA build): pip install vllm") from exc
+        raise ImportError(_missing("the vLLM GPU adapter needs vllm, a CUDA build (pip install vllm)", exc)) from exc
     params = inspect.signature(rs.rejection_sample).parameters
     takes_logits = "target_logits" in params
 
