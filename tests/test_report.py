@@ -324,6 +324,7 @@ def fail_html():
 
 
 def test_html_is_self_contained_with_inline_plots(fail_html):
+    pytest.importorskip("matplotlib")  # the plots extra
     _, page = fail_html
     assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page)
     assert "http://" not in page and "https://" not in page
@@ -362,6 +363,7 @@ def test_html_puts_extra_rows_in_details():
 
 
 def test_html_handles_many_bins_and_many_tests():
+    pytest.importorskip("matplotlib")  # the plots extra
     rng = np.random.default_rng(7)
     expected = rng.dirichlet(np.ones(3000)) * 1e6
     observed = rng.poisson(expected).astype(float)
@@ -701,6 +703,8 @@ def test_real_drafter_audit_renders_its_sections(tmp_path):
 @pytest.mark.parametrize("fmt", ["markdown", "html"])
 def test_drafter_report_answers_efficiency_first_and_shows_plots_before_the_table(fmt):
     """Issue 17: the efficiency summary sits right under the verdict, the plots before the test table."""
+    if fmt == "html":
+        pytest.importorskip("matplotlib")  # the plots extra
     report = make_drafter_report(efficiency=_efficiency_extra(draft_costs=(0.05,)))
     page = render_markdown(report) if fmt == "markdown" else render_html(report, plots=True)
     verdict, diagnosis = page.index("PASS: no test detected"), page.index("Diagnosis: no culprit.")
