@@ -15,12 +15,14 @@ Sections (each timed, each skipped with a note when the time budget would be exc
 5. ``check_verifier_standard.json`` (+ ``check_verifier_standard/``) -- the same audit at the
    standard tier, run only when its time projected from the smoke run (x the tiers' sample
    ratio) fits in what is left of the budget;
-6. ``summary.json`` -- the figures above in one place, and what was skipped and why; rewritten
-   after every section, so a run stopped by its time limit keeps what it finished.
+6. ``summary.json`` -- the figures above in one place, what was skipped and why, and the result
+   of the suite's CUDA tests (``--gpu-tests``: the JUnit XML of ``pytest -m gpu``, run by
+   run.sh before the driver); rewritten after every section, so a run stopped by its time
+   limit keeps what it finished.
 
 ``--dry-run``: the same code paths on the CPU with tiny sizes (CI runs it, < 30 s).
 
-Usage: python benchmarks/gpu/driver.py --out DIR [--dry-run] [--device cuda:0] [--budget 270]
+Usage: python benchmarks/gpu/driver.py --out DIR [--dry-run] [--device cuda:0] [--budget 200] [--gpu-tests XML]
 """
 
 from __future__ import annotations
@@ -111,6 +113,31 @@ def standard_tier_veto(smoke_seconds: float | None, seconds_left: float) -> str 
     if projected <= seconds_left:
         return None
     return f"projected {projected:.0f} s (smoke tier {smoke_seconds:.1f} s), {seconds_left:.0f} s left of the budget"
+
+
+def gpu_tests(xml_path: str | None) -> dict | None:
+    """Counts and failed test ids of a JUnit XML report (``pytest --junitxml``); None without one.
+
+    A missing or unreadable file (pytest absent, or stopped by its time limit) is reported as such.
+    """
+    if xml_path is None:
+        return None
+    import xml.etree.ElementTree as ET
+
+    try:
+        root = ET.parse(xml_path).getroot()
+    except (OSError, ET.ParseError) as exc:
+        return dict(error=f"no test results: {type(exc).__name__}: {exc}"[:500])
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    if suite is None:
+        return dict(error="no testsuite in the test results")
+    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+    failed = [
+        f"{case.get('classname')}::{case.get('name')}"
+        for case in suite.iter("testcase")
+        if case.find("failure") is not None or case.find("error") is not None
+    ]
+    return dict(**counts, failed=failed)
 
 
 def _package_versions(names) -> dict:
@@ -214,7 +241,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True, help="folder for every output")
     parser.add_argument("--dry-run", action="store_true", help="same code paths on the CPU, tiny sizes")
     parser.add_argument("--device", default="cuda:0")
-    parser.add_argument("--budget", type=float, default=270.0, help="seconds for the whole run (sections skip past it)")
+    parser.add_argument("--budget", type=float, default=200.0, help="seconds for the whole run (sections skip past it)")
+    parser.add_argument(
+        "--gpu-tests", metavar="XML", help="JUnit XML of the suite's CUDA tests, reported in the summary"
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -222,6 +252,7 @@ def main(argv=None) -> int:
     device = torch.device("cpu" if args.dry_run else args.device)
     started = time.perf_counter()
     summary: dict = {"dry_run": args.dry_run, "device": str(device), "sections": {}, "skipped": {}}
+    summary["gpu_tests"] = gpu_tests(args.gpu_tests)
     env = environment(device)
     (out / "environment.json").write_text(json.dumps(env, indent=2))
     name = env.get("device_name", "")
@@ -267,6 +298,9 @@ def main(argv=None) -> int:
         print(f"{section}: {time.perf_counter() - t0:.1f} s", flush=True)
     write_summary()
     failed = [s for s, v in summary["sections"].items() if "error" in v]
+    tests = summary["gpu_tests"] or {}
+    if tests.get("failures") or tests.get("errors") or "error" in tests:
+        failed.append("gpu_tests")
     print(
         f"done in {summary['seconds']:.1f} s; errors in: {failed or 'none'}; skipped: {list(summary['skipped']) or 'none'}"
     )
