@@ -15,6 +15,11 @@ each in its own process with one intra-op thread (started together), and prints 
 aggregate rate: the ceiling that running the harness on every core at once could reach on
 this machine (the copies share nothing but the memory system).
 
+``--group-threads N`` runs the groups of one checked configuration (65536 rows in all) on N
+Python threads of this process, torch's intra-op threads set to 1 -- what the ``threads``
+shard backend does with a battery's groups -- and prints the aggregate rate: the in-process
+counterpart of ``--processes``.
+
 ``--profile DRAFTER`` prints a cProfile (CPU-time clock) of one checked run instead
 (``--profile-out FILE`` also writes it; ``benchmarks/results/harness_profile_*.txt`` are
 such files).
@@ -146,6 +151,46 @@ def processes(args) -> None:
             )
 
 
+def group_threads(args) -> None:
+    """``--group-threads N``: the aggregate rate of N Python threads running the groups of a configuration."""
+    import threading
+
+    from specverify.verifier.harness import harness_setup
+
+    torch.set_num_threads(1)
+    n = args.group_threads
+    groups = max(1, 65536 // args.batch // n)  # per thread
+    print(
+        f"{n} Python threads x {groups} groups, torch 1 thread, B={args.batch} L={args.length} K={args.k}, "
+        f"checks on, best of {args.repeats}  [{load()}]",
+        flush=True,
+    )
+    for target_name in args.targets.split(","):
+        target = make_target(target_name, args.vocab, args.length)
+        for name in args.drafters.split(","):
+            drafter = zoo.make_drafter(name, target)
+            setup = harness_setup(target, drafter, k=args.k)
+            tokens: dict[int, int] = {}
+
+            def work(i: int) -> None:
+                gen = torch.Generator().manual_seed(i)
+                common = dict(k=args.k, batch_size=args.batch, length=args.length, generator=gen, setup=setup)
+                tokens[i] = run_harness(verify, target, drafter, num_groups=groups, **common).num_tokens
+
+            work(0)  # warm-up
+            best = float("inf")
+            for _ in range(args.repeats):
+                threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+                start = time.perf_counter()
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+                best = min(best, time.perf_counter() - start)
+            rate = sum(tokens.values()) / best
+            print(f"{target_name + '/' + name:<28} {rate / 1e6:5.2f} M tokens/s  [{load()}]", flush=True)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=65536)
@@ -158,6 +203,9 @@ def main(argv=None):
     parser.add_argument("--drafters", default=",".join(zoo.ZOO), help="comma-separated zoo names (default all)")
     parser.add_argument("--checks", default="on,off", help="on, off or on,off")
     parser.add_argument("--processes", type=int, default=0, metavar="N", help="N concurrent 1-thread copies instead")
+    parser.add_argument(
+        "--group-threads", type=int, default=0, metavar="N", help="groups on N Python threads (torch 1 thread) instead"
+    )
     parser.add_argument("--profile", metavar="DRAFTER", help="cProfile one checked run instead")
     parser.add_argument("--profile-target", default="markov")
     parser.add_argument("--profile-lines", type=int, default=30)
@@ -168,6 +216,8 @@ def main(argv=None):
         return profile(args)
     if args.processes:
         return processes(args)
+    if args.group_threads:
+        return group_threads(args)
     print(
         f"torch {torch.__version__}, {os.cpu_count()} CPUs, B={args.batch} L={args.length} K={args.k} "
         f"V={args.vocab}, best of {args.repeats}; M tokens/s wall | M tokens/CPU-s  [{load()}]",

@@ -131,7 +131,9 @@ class _Transitions:
 
     The table holds ``next_context(c, x)`` for every context c and token x, so a lookup
     returns exactly what the model computes; token-independent models (a clamp) and large
-    tables call the model.
+    tables call the model.  When every row of the table is the same -- the next context is a
+    function of the last token alone, as for a first-order Markov model -- ``last_token``
+    holds that ``(V,)`` row, and a lookup needs no context.
     """
 
     MAX_CELLS = 1 << 22
@@ -141,10 +143,13 @@ class _Transitions:
         self.token_independent = model.token_independent
         C, V = model.num_contexts, model.vocab_size
         self.V = V
-        self.table = self.advance = None
+        self.table = self.advance = self.last_token = None
         if not model.token_independent and C * V <= self.MAX_CELLS:
             contexts = torch.arange(C).repeat_interleave(V)  # (C*V,)
             self.table = model.next_context(contexts, torch.arange(V).repeat(C)).contiguous()  # (C*V,)
+            rows = self.table.view(C, V)  # (C, V)
+            if bool((rows == rows[0]).all()):
+                self.last_token = rows[0].clone()  # (V,) next_context(c, x) for every c
         if model.token_independent and C * (K + 1) <= self.MAX_CELLS:
             advance = torch.empty(C, K + 1, dtype=torch.long)  # (C, K+1) context after i steps from c
             advance[:, 0] = torch.arange(C)
@@ -154,9 +159,34 @@ class _Transitions:
 
     def __call__(self, contexts: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Context after ``tokens`` (n,) from ``contexts`` (n,); tokens in [0, V)."""
+        if self.last_token is not None:
+            return self.last_token.index_select(0, tokens)  # (n,)
         if self.table is None:
             return self.model.next_context(contexts, tokens)
         return self.table.index_select(0, torch.add(tokens, contexts, alpha=self.V))  # (n,)
+
+    def sequences(self, initial: int, tokens: torch.Tensor) -> torch.Tensor | None:
+        """The context before every token of rows that start in ``initial``, tokens (B, L): (B, L), by a closed form.
+
+        For token-independent models the contexts are the same in every row (``initial`` moved
+        on t times before token t); for last-token models they are ``last_token`` of the previous
+        token.  None for other models (their contexts follow the rows step by step).
+        """
+        B, L = tokens.shape
+        out = torch.empty(B, L, dtype=torch.long)  # (B, L)
+        if self.token_independent:
+            walk = torch.empty(L, dtype=torch.long)  # (L,)
+            walk[0] = initial
+            for t in range(L - 1):
+                walk[t + 1 : t + 2] = self.model.next_context(walk[t : t + 1], walk[t : t + 1])
+            out.copy_(walk.expand(B, L))
+            return out
+        if self.last_token is None:
+            return None
+        after = self.last_token.index_select(0, tokens.reshape(-1)).view(B, L)  # (B, L) context after each token
+        out[:, 0] = initial
+        out[:, 1:] = after[:, :-1]
+        return out
 
     def block(self, start: torch.Tensor, K: int) -> torch.Tensor:
         """Token-independent models: the contexts before K+1 positions from ``start`` (b,): (b, K+1)."""
@@ -292,18 +322,28 @@ class _Group:
             self.tcur, self.dcur = self.tcur[keep], self.dcur[keep]
 
     def columns(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(tokens, target contexts, draft-law contexts (-1: none), block positions)``, each (B, L)."""
+        """``(tokens, target contexts, draft-law contexts (-1: none), block positions)``, each (B, L).
+
+        Whole-buffer passes only (no ``torch.where`` with a scalar or ``masked_fill``: on CPU
+        those run several times slower than a lookup or an in-place multiply).
+        """
+        K = self.K
         packed = self.packed[:, : self.L]  # (B, L)
         tokens = packed >> self.shift  # (B, L)
-        codes = packed & ((1 << self.shift) - 1)  # (B, L)
-        has_law = codes <= self.K  # (B, L)
-        positions = torch.where(has_law, codes, codes - (self.K + 1)) + 1  # (B, L) in 1..K+1
+        codes = packed & ((1 << self.shift) - 1)  # (B, L) in [0, 2K+1]
+        has_law = codes <= K  # (B, L)
+        position_of = torch.arange(2 * K + 2) % (K + 1) + 1  # (2K+2,) the position of each code
+        positions = position_of.index_select(0, codes.view(-1)).view(codes.shape)  # (B, L) in 1..K+1
         target_contexts = self._contexts(self.steps[0], self.target.initial_context, tokens)  # (B, L)
-        draft_contexts = self._contexts(self.steps[1], self.drafter.initial_context, tokens)  # (B, L)
-        return tokens, target_contexts, torch.where(has_law, draft_contexts, -1), positions
+        draft_contexts = self._contexts(self.steps[1], self.drafter.initial_context, tokens)  # (B, L) >= 0
+        draft_contexts.add_(1).mul_(has_law).sub_(1)  # -1 where the position has no draft law
+        return tokens, target_contexts, draft_contexts, positions
 
     def _contexts(self, step, initial: int, tokens: torch.Tensor) -> torch.Tensor:
         """The model's context before every token of each row: (B, L)."""
+        closed = step.sequences(initial, tokens)  # (B, L) or None
+        if closed is not None:
+            return closed
         by_position = tokens.t().contiguous()  # (L, B)
         out = torch.empty_like(by_position)  # (L, B)
         out[0] = initial

@@ -4,7 +4,8 @@
   reference rule's input checks) accepts only input the full check accepts (and invalid input
   still gets the full check's message);
 * ``search_cdf`` is ``searchsorted(right=True)`` whichever form it takes;
-* the harness' transition tables and block advances equal the models' ``next_context``;
+* the harness' transition tables, block advances and closed-form context sequences equal the
+  models' ``next_context`` followed step by step;
 * one call drawing K*b uniforms consumes the generator exactly as K calls drawing b each
   (the harness draws a round's draft uniforms at once).
 """
@@ -25,6 +26,7 @@ from specverify.core.validation import PROB_ATOL, check_probs, check_tokens
 from specverify.verifier import zoo
 from specverify.verifier.harness import _Transitions
 from specverify.verifier.protocol import validate_verifier_output
+from specverify.verifier.rounds import _Group
 
 
 def _full_check_accepts(target, draft, tokens) -> bool:
@@ -147,6 +149,33 @@ def test_transitions_equal_next_context(model):
         for _ in range(K):
             want.append(model.next_context(want[-1], want[-1]))
         assert torch.equal(block, torch.stack(want, 1))
+
+
+@pytest.mark.parametrize(
+    "model, closed",
+    [
+        (tables.markov(5, "peaked", seed=3), True),  # the next context is the last token
+        (tables.ngram(4, 3, "peaked", seed=4), False),
+        (zoo.stale(tables.markov(3, "peaked", seed=5)), False),
+        (tables.positional(6, 9, "peaked", seed=6), True),  # token-independent
+        (tables.positional(6, 4, "peaked", seed=6), True),  # rows longer than the positions: clamped
+    ],
+    ids=["markov", "ngram3", "stale_fsm", "positional", "positional_clamped"],
+)
+def test_context_sequences_follow_next_context(model, closed):
+    B, L = 7, 9
+    tokens = torch.randint(0, model.vocab_size, (B, L), generator=torch.Generator().manual_seed(1))
+    want = torch.empty(B, L, dtype=torch.long)
+    want[:, 0] = model.initial_context
+    for t in range(L - 1):
+        want[:, t + 1] = model.next_context(want[:, t], tokens[:, t])
+    got = _Transitions(model, 3).sequences(model.initial_context, tokens)
+    assert (got is not None) == closed
+    if closed:
+        assert torch.equal(got, want)
+    assert torch.equal(
+        _Group(model, model, B, L, 3)._contexts(_Transitions(model, 3), model.initial_context, tokens), want
+    )
 
 
 def test_one_call_draws_what_k_calls_draw():
