@@ -280,8 +280,9 @@ class _Group:
     its in-block position j (0..K), plus K+1 when the position has no draft law.  The target
     and drafter contexts of a token are functions of the row's earlier tokens (the models are
     finite-state machines, and an emitted block's tokens before the last are its drafts), so
-    :meth:`columns` recomputes them once, L steps over the rows, instead of writing them
-    every round.
+    :meth:`columns` recomputes them once instead of writing them every round: in one lookup
+    for last-token and token-independent models (:meth:`_Transitions.sequences`), else L steps
+    over the rows.
     """
 
     def __init__(self, target: TableModel, drafter: TableModel, B: int, L: int, K: int, steps=None):
