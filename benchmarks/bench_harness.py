@@ -42,7 +42,7 @@ import torch
 from reference.rules import verify
 from specverify.core import tables
 from specverify.verifier import zoo
-from specverify.verifier.harness import run_harness
+from specverify.verifier.harness import harness_setup, run_harness
 
 
 def fast_verify(target_probs, draft_probs, draft_tokens, *, generator):
@@ -154,8 +154,6 @@ def processes(args) -> None:
 def group_threads(args) -> None:
     """``--group-threads N``: the aggregate rate of N Python threads running the groups of a configuration."""
     import threading
-
-    from specverify.verifier.harness import harness_setup
 
     torch.set_num_threads(1)
     n = args.group_threads

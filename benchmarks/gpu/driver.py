@@ -63,6 +63,8 @@ SIZES = {
 }  # fmt: skip
 #: HBM bandwidth (bytes/s) by device-name substring, for the memory-bound estimate.
 BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12, "L40": 0.864e12, "A10": 0.6e12, "T4": 0.32e12}
+#: The kernel packages' modules and distributions (their versions go into environment.json).
+KERNEL_PACKAGES = {"flashinfer": "flashinfer-python", "vllm": "vllm"}
 #: The standard tier's time projected from the smoke tier's: the ratio of their samples, with a margin.
 STANDARD_OVER_SMOKE = 1.25 * TIER_SCALE["standard"] / TIER_SCALE["smoke"]
 
@@ -93,7 +95,7 @@ def environment(device: torch.device) -> dict:
         "device": str(device),
         "specverify": sv.__version__,
         "threads": torch.get_num_threads(),
-        "kernel_packages": _package_versions(("flashinfer", "vllm")),
+        "kernel_packages": _package_versions(),
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -140,17 +142,16 @@ def gpu_tests(xml_path: str | None) -> dict | None:
     return dict(**counts, failed=failed)
 
 
-def _package_versions(names) -> dict:
-    """``{name: version or None}`` of the kernel packages, found without importing them."""
+def _package_versions() -> dict:
+    """``{module: version or None}`` of the kernel packages, found without importing them."""
     from importlib import metadata, util
 
-    dists = {"flashinfer": "flashinfer-python", "vllm": "vllm"}
     found = {}
-    for name in names:
+    for module, dist in KERNEL_PACKAGES.items():
         try:
-            found[name] = metadata.version(dists[name]) if util.find_spec(name) else None
+            found[module] = metadata.version(dist) if util.find_spec(module) else None
         except metadata.PackageNotFoundError:
-            found[name] = "unknown version"
+            found[module] = "unknown version"
     return found
 
 
@@ -263,6 +264,8 @@ def main(argv=None) -> int:
         (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
 
     def standard_fits() -> str | None:
+        if args.dry_run:
+            return "dry run"
         smoke = summary["sections"].get("check_verifier", {}).get("result")
         return standard_tier_veto(
             None if smoke is None else smoke["seconds"], args.budget - (time.perf_counter() - started)
@@ -277,10 +280,7 @@ def main(argv=None) -> int:
     ]  # fmt: skip
     for section, estimate, fn, veto in sections:
         left = args.budget - (time.perf_counter() - started)
-        if args.dry_run and section == "check_verifier_standard":
-            summary["skipped"][section] = "dry run"
-            continue
-        reason = veto() if veto is not None and not args.dry_run else None
+        reason = veto() if veto is not None else None
         if reason is None and not args.dry_run and left < estimate:
             reason = f"{left:.0f} s left of the budget, the section needs about {estimate:.0f} s"
         if reason is not None:

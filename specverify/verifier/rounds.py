@@ -151,11 +151,7 @@ class _Transitions:
             if bool((rows == rows[0]).all()):
                 self.last_token = rows[0].clone()  # (V,) next_context(c, x) for every c
         if model.token_independent and C * (K + 1) <= self.MAX_CELLS:
-            advance = torch.empty(C, K + 1, dtype=torch.long)  # (C, K+1) context after i steps from c
-            advance[:, 0] = torch.arange(C)
-            for i in range(K):
-                advance[:, i + 1] = model.next_context(advance[:, i], advance[:, i])
-            self.advance = advance
+            self.advance = _walk(model, torch.arange(C), K)  # (C, K+1) context after i steps from c
 
     def __call__(self, contexts: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Context after ``tokens`` (n,) from ``contexts`` (n,); tokens in [0, V)."""
@@ -173,17 +169,12 @@ class _Transitions:
         token.  None for other models (their contexts follow the rows step by step).
         """
         B, L = tokens.shape
-        out = torch.empty(B, L, dtype=torch.long)  # (B, L)
         if self.token_independent:
-            walk = torch.empty(L, dtype=torch.long)  # (L,)
-            walk[0] = initial
-            for t in range(L - 1):
-                walk[t + 1 : t + 2] = self.model.next_context(walk[t : t + 1], walk[t : t + 1])
-            out.copy_(walk.expand(B, L))
-            return out
+            return _walk(self.model, torch.tensor([initial]), L - 1).expand(B, L).contiguous()  # (B, L)
         if self.last_token is None:
             return None
         after = self.last_token.index_select(0, tokens.reshape(-1)).view(B, L)  # (B, L) context after each token
+        out = torch.empty(B, L, dtype=torch.long)  # (B, L)
         out[:, 0] = initial
         out[:, 1:] = after[:, :-1]
         return out
@@ -192,11 +183,16 @@ class _Transitions:
         """Token-independent models: the contexts before K+1 positions from ``start`` (b,): (b, K+1)."""
         if self.advance is not None:
             return self.advance.index_select(0, start)  # (b, K+1)
-        out = torch.empty(start.numel(), K + 1, dtype=torch.long)  # (b, K+1)
-        out[:, 0] = start
-        for i in range(K):
-            out[:, i + 1] = self.model.next_context(out[:, i], out[:, i])
-        return out
+        return _walk(self.model, start, K)
+
+
+def _walk(model: TableModel, start: torch.Tensor, steps: int) -> torch.Tensor:
+    """A token-independent model's contexts from ``start`` (b,) on, ``steps`` moves: (b, steps+1)."""
+    out = torch.empty(start.numel(), steps + 1, dtype=torch.long)  # (b, steps+1)
+    out[:, 0] = start
+    for i in range(steps):
+        out[:, i + 1] = model.next_context(out[:, i], out[:, i])  # the token is ignored
+    return out
 
 
 def _draft_block(step: _Transitions, draft_sampler, dcur: torch.Tensor, K: int, generator) -> tuple:
@@ -294,6 +290,7 @@ class _Group:
         self.packed = torch.empty(B, self.W, dtype=torch.long)  # (B, W) token << shift | code
         self.ar = torch.arange(K + 1)  # (K+1,)
         self.bonus_codes = torch.where(self.ar < K, self.ar, self.ar + K + 1)  # (K+1,) no draft law at K+1
+        self.position_of = torch.arange(2 * K + 2) % (K + 1) + 1  # (2K+2,) the block position of each code
         # State of the unfinished rows only (kept compact, in row order).
         self.rows = torch.arange(B)  # (b,) row ids
         self.lengths = torch.zeros(B, dtype=torch.long)  # (b,)
@@ -334,8 +331,7 @@ class _Group:
         tokens = packed >> self.shift  # (B, L)
         codes = packed & ((1 << self.shift) - 1)  # (B, L) in [0, 2K+1]
         has_law = codes <= K  # (B, L)
-        position_of = torch.arange(2 * K + 2) % (K + 1) + 1  # (2K+2,) the position of each code
-        positions = position_of.index_select(0, codes.view(-1)).view(codes.shape)  # (B, L) in 1..K+1
+        positions = self.position_of.index_select(0, codes.view(-1)).view(codes.shape)  # (B, L) in 1..K+1
         target_contexts = self._contexts(self.steps[0], self.target.initial_context, tokens)  # (B, L)
         draft_contexts = self._contexts(self.steps[1], self.drafter.initial_context, tokens)  # (B, L) >= 0
         draft_contexts.add_(1).mul_(has_law).sub_(1)  # -1 where the position has no draft law
