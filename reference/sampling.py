@@ -30,6 +30,12 @@ __all__ = ["sample", "uniform", "inverse_cdf", "search_cdf", "chunk_rows"]
 #: ~1 ms instead of ~10 us); few large ones over the whole tensor are 3x slower than cached
 #: serial chunks at V=32.  Other devices process all rows at once.
 CPU_CHUNK_ELEMENTS = SERIAL_CHUNK_ELEMENTS
+#: Rows whose float64 total is below this (only float64 weights reach it) have cumulative sums in
+#: or near the subnormal range, where ``u * total`` is rounded to a grid of 2^-1074: a coarse grid
+#: relative to the total, so the draw is no longer exact.  With ``check=True`` such rows are drawn
+#: again from their weights times ``TINY_RESCALE`` (a power of two: exact), with the same uniforms.
+TINY_TOTAL = 2.0**-969
+TINY_RESCALE = 2.0**1000
 #: With a single intra-op thread no op can start a parallel region, and chunks this many
 #: times larger (still cache-resident) halve the per-op overhead.
 SINGLE_THREAD_CHUNK_FACTOR = 4
@@ -90,8 +96,11 @@ def sample(probs: torch.Tensor, *, generator: torch.Generator, check: bool = Tru
         The only source of randomness; one float64 uniform is drawn per row.
     check : bool
         Validate the arguments (finite, non-negative weights, positive finite row
-        sums).  ``check=False`` skips every host-device synchronisation for hot
-        loops; the caller then guarantees valid rows.
+        sums), and draw rows whose float64 sum is below ``TINY_TOTAL`` (float64 weights
+        in the subnormal range) from their weights rescaled by a power of two, so that
+        they too are drawn exactly.  ``check=False`` skips every host-device
+        synchronisation for hot loops; the caller then guarantees valid rows, with sums
+        of at least ``TINY_TOTAL`` (true of any float32, bfloat16 or float16 row).
 
     Returns
     -------
@@ -126,8 +135,14 @@ def sample(probs: torch.Tensor, *, generator: torch.Generator, check: bool = Tru
                 totals[start:stop] = chunk_totals
     if check and N:
         bad = ~((totals > 0) & (totals < float("inf"))).squeeze(-1)  # (N,)
-        if bool(bad.any()):
-            i = int(bad.nonzero()[0])
-            where = ", ".join(str(int(j)) for j in torch.unravel_index(torch.tensor(i), lead)) if lead else ""
-            raise InvalidArgument(f"probs[{where}] sums to {totals[i, 0].item():.6g} (expected a positive, finite sum)")
+        tiny = (totals < TINY_TOTAL).squeeze(-1)  # (N,) the bad rows with total 0 too
+        if bool((bad | tiny).any()):  # one host sync for both
+            if bool(bad.any()):
+                i = int(bad.nonzero()[0])
+                where = ", ".join(str(int(j)) for j in torch.unravel_index(torch.tensor(i), lead)) if lead else ""
+                raise InvalidArgument(
+                    f"probs[{where}] sums to {totals[i, 0].item():.6g} (expected a positive, finite sum)"
+                )
+            rows = tiny.nonzero().squeeze(-1)  # (T,)
+            idx[rows] = inverse_cdf(flat[rows].double() * TINY_RESCALE, u[rows])[0]
     return idx.reshape(lead)

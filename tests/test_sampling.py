@@ -56,6 +56,19 @@ def test_unnormalised_weights(V, data):
     assert_exact(row, 10_000, seed)
 
 
+def test_subnormal_weights_are_drawn_exactly():
+    """Hypothesis found it: weights of 3 x 2^-1074 each put u * total on a grid of 2^-1074, so
+    token 0 came out with probability 5/12, not 1/2 (chi-square p = 1e-65 at N = 10,000)."""
+    tiny = 5e-324  # 2^-1074, the smallest subnormal
+    assert_exact(torch.tensor([3 * tiny, 3 * tiny], dtype=torch.float64), 10_000, seed=0)
+    assert_exact(torch.tensor([tiny, 0.0, 2 * tiny, 7 * tiny], dtype=torch.float64), 10_000, seed=1)
+    row = torch.tensor([1e-300, 2e-300], dtype=torch.float64)  # normal but tiny: drawn the plain way
+    assert row.sum() < sampling.TINY_TOTAL and torch.equal(
+        sample(row.expand(4, 2), generator=torch.Generator().manual_seed(0)),
+        sample(row.expand(4, 2) * sampling.TINY_RESCALE, generator=torch.Generator().manual_seed(0)),
+    )
+
+
 def test_zipf_32k_long_tail():
     V = 32_768
     probs = 1.0 / torch.arange(1, V + 1, dtype=torch.float64) ** 1.1
