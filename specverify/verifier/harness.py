@@ -36,8 +36,9 @@ Shapes: B batch, K draft length, V vocabulary, L sequence length, C contexts.
 
 from __future__ import annotations
 
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -54,6 +55,7 @@ from specverify.verifier.rounds import (
     _Transitions,
     _Trials,
     acceptance_overlap,
+    last_tokens,
 )
 
 __all__ = [
@@ -148,6 +150,9 @@ class HarnessSetup:
         The tables in ``verifier_dtype``, on ``device``.
     overlap : Tensor (Ct, Cd) float64 or None
         ``sum_x min(p, q)`` per context pair (:func:`acceptance_overlap`), None when too large.
+    buffers : threading.local
+        Per thread, the reused CPU buffers of the tensors handed to the verifier
+        (:class:`_ReusedBuffer`), so that the runs of one scenario's groups in a thread share them.
     """
 
     target: TableModel
@@ -160,6 +165,16 @@ class HarnessSetup:
     target_table: torch.Tensor
     draft_table: torch.Tensor
     overlap: torch.Tensor | None
+    buffers: threading.local = field(default_factory=threading.local, compare=False, repr=False)
+
+    def reused_buffers(self) -> tuple[_ReusedBuffer, _ReusedBuffer, _ReusedBuffer]:
+        """This thread's buffers for the target rows, the draft rows and the drafted tokens."""
+        local = self.buffers
+        if not hasattr(local, "target"):
+            local.target = _ReusedBuffer(self.target_table.dtype)
+            local.draft = _ReusedBuffer(self.draft_table.dtype)
+            local.tokens = _ReusedBuffer(torch.long)
+        return local.target, local.draft, local.tokens
 
     def check_matches(self, target, drafter, k: int, verifier_dtype, device: torch.device) -> None:
         """Raise :class:`InvalidArgument` unless this setup was built for these models and options."""
@@ -300,11 +315,11 @@ def run_harness(
     draft_gen = torch.Generator().manual_seed(seeds[0])
     verify_gen = torch.Generator(device=dev).manual_seed(seeds[1])
     draft_sampler, steps, t_tab, d_tab = setup.draft_sampler, setup.steps, setup.target_table, setup.draft_table
-    target_buffer, draft_buffer = _ReusedBuffer(t_tab.dtype), _ReusedBuffer(d_tab.dtype)
+    target_buffer, draft_buffer, drafts_buffer = setup.reused_buffers()
     trials = _Trials(target, drafter, K, overlap=setup.overlap)
     start = time.perf_counter()
-    groups, num_calls = [], 0
-    for _ in range(G):
+    columns, num_calls = _Columns(B, G, L), 0
+    for g in range(G):
         group = _Group(target, drafter, B, L, K, steps=steps)
         while group.rows.numel():
             b = group.rows.numel()
@@ -315,31 +330,42 @@ def run_harness(
                 torch.index_select(t_tab, 0, tctx.view(-1), out=target_probs.view(b * (K + 1), V))
                 draft_probs = draft_buffer.take((b, K, V))  # (b, K, V)
                 torch.index_select(d_tab, 0, dctx[:, :K].reshape(-1), out=draft_probs.view(b * K, V))
-                dev_drafts = drafts
+                dev_drafts = drafts_buffer.take((b, K)).copy_(drafts)  # (b, K) the verifier's own copy
             else:  # one host-to-device copy of the contexts and drafts, gathers on the device
                 moved = torch.cat([tctx.view(-1), dctx[:, :K].reshape(-1), drafts.view(-1)]).to(dev)  # (b*(3K+1),)
                 n_t, n_d = b * (K + 1), b * K
                 target_probs = t_tab.index_select(0, moved[:n_t]).view(b, K + 1, V)  # (b, K+1, V)
                 draft_probs = d_tab.index_select(0, moved[n_t : n_t + n_d]).view(b, K, V)  # (b, K, V)
-                dev_drafts = moved[n_t + n_d :].view(b, K)  # (b, K)
+                dev_drafts = moved[n_t + n_d :].view(b, K)  # (b, K) the verifier's own copy
             if num_calls == 0 and determinism_rows > 0:
                 r = min(b, determinism_rows)
-                check_determinism(verify, target_probs[:r], draft_probs[:r], dev_drafts[:r], seed=seeds[2] % 2**63)
-            tokens, num_emitted = call_verifier(
-                verify, target_probs, draft_probs, dev_drafts.clone(), generator=verify_gen
-            )
+                check_determinism(verify, target_probs[:r], draft_probs[:r], dev_drafts[:r].clone(), seed=seeds[2] % 2**63)
+            tokens, num_emitted = call_verifier(verify, target_probs, draft_probs, dev_drafts, generator=verify_gen)
             del target_probs, draft_probs, dev_drafts
             num_calls += 1
-            trials.record(tokens, num_emitted, drafts, tctx, dctx)
-            group.append(tokens, num_emitted, tctx, dctx)
-        groups.append(group)
-    return collect_run(groups, trials.positions, trials.accept_probs, trials.accepted, K, B, L, num_calls, start)
+            last = last_tokens(tokens, num_emitted)  # (b,)
+            trials.record(tokens, num_emitted, drafts, tctx, dctx, last=last)
+            group.append(tokens, num_emitted, tctx, dctx, last=last)
+        columns.add(g, group)
+    return collect_run(columns, trials.positions, trials.accept_probs, trials.accepted, K, num_calls, start)
 
 
-def collect_run(groups, positions, accept_probs, accepted, K: int, B: int, L: int, num_calls: int, start: float):
-    """The :class:`HarnessRun` of finished groups (each cut at L) and the trials' lists."""
-    columns = [g.columns() for g in groups]  # per group 4 x (B, L)
-    tokens, target_contexts, draft_contexts, block_positions = (torch.cat(c) for c in zip(*columns))  # (R, L) each
+class _Columns:
+    """The (R, L) outputs of a run's G groups of B rows, each group written into its rows when it finishes."""
+
+    def __init__(self, B: int, G: int, L: int):
+        self.B, self.G = B, G
+        self.out = tuple(torch.empty(B * G, L, dtype=torch.long) for _ in range(4))  # 4 x (R, L)
+
+    def add(self, g: int, group: _Group) -> None:
+        """Write the columns of finished group ``g`` (cut at L) into its rows."""
+        group.columns(out=tuple(o[g * self.B : (g + 1) * self.B] for o in self.out))
+
+
+def collect_run(columns: _Columns, positions, accept_probs, accepted, K: int, num_calls: int, start: float):
+    """The :class:`HarnessRun` of a run's columns (every group added) and the trials' lists."""
+    tokens, target_contexts, draft_contexts, block_positions = columns.out  # (R, L) each
+    B, L = columns.B, tokens.shape[1]
     return HarnessRun(
         tokens=tokens,
         target_contexts=target_contexts,
@@ -350,7 +376,7 @@ def collect_run(groups, positions, accept_probs, accepted, K: int, B: int, L: in
         trial_accepted=torch.cat(accepted),
         k=K,
         batch_size=B,
-        num_groups=len(groups),
+        num_groups=columns.G,
         length=L,
         num_calls=num_calls,
         seconds=time.perf_counter() - start,

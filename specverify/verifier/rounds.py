@@ -87,13 +87,21 @@ class _ContextSampler:
         """``floor(u * G)`` (exact) of uniforms of any shape, or None without a guide table."""
         return None if self.guide is None else (u * self.slices).long()
 
-    def draw(self, contexts: torch.Tensor, u: torch.Tensor, slices: torch.Tensor | None = None) -> torch.Tensor:
-        """The tokens of contexts (n,) for the uniforms u (n,) float64; ``slices``: their :meth:`slice_of`."""
+    def draw(
+        self, contexts: torch.Tensor, u: torch.Tensor, slices: torch.Tensor | None = None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The tokens of contexts (n,) for the uniforms u (n,) float64; ``slices``: their :meth:`slice_of`.
+
+        ``out``: a contiguous (n,) long tensor to write them into.
+        """
         if self.guide is None:
-            return self._exact(contexts, u)
+            tokens = self._exact(contexts, u)  # (n,)
+            return tokens if out is None else out.copy_(tokens)
         if slices is None:
             slices = (u * self.slices).long()  # (n,) floor(u * G), exact
-        tokens = self.guide.index_select(0, torch.add(slices, contexts, alpha=self.slices))  # (n,)
+        if out is None:
+            out = torch.empty(contexts.numel(), dtype=torch.long)  # (n,)
+        tokens = torch.index_select(self.guide, 0, torch.add(slices, contexts, alpha=self.slices), out=out)  # (n,)
         ambiguous = (tokens < 0).nonzero().squeeze(1)  # (a,)
         if ambiguous.numel():
             tokens[ambiguous] = self._exact(contexts[ambiguous], u[ambiguous])
@@ -153,30 +161,40 @@ class _Transitions:
         if model.token_independent and C * (K + 1) <= self.MAX_CELLS:
             self.advance = _walk(model, torch.arange(C), K)  # (C, K+1) context after i steps from c
 
-    def __call__(self, contexts: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Context after ``tokens`` (n,) from ``contexts`` (n,); tokens in [0, V)."""
+    def __call__(self, contexts: torch.Tensor, tokens: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Context after ``tokens`` (n,) from ``contexts`` (n,); tokens in [0, V).  ``out``: a contiguous (n,) long tensor."""
         if self.last_token is not None:
-            return self.last_token.index_select(0, tokens)  # (n,)
+            return torch.index_select(self.last_token, 0, tokens, **({} if out is None else {"out": out}))  # (n,)
         if self.table is None:
-            return self.model.next_context(contexts, tokens)
-        return self.table.index_select(0, torch.add(tokens, contexts, alpha=self.V))  # (n,)
+            after = self.model.next_context(contexts, tokens)  # (n,)
+            return after if out is None else out.copy_(after)
+        index = torch.add(tokens, contexts, alpha=self.V)  # (n,)
+        return torch.index_select(self.table, 0, index, **({} if out is None else {"out": out}))  # (n,)
 
-    def sequences(self, initial: int, tokens: torch.Tensor) -> torch.Tensor | None:
+    def after(self, contexts: torch.Tensor, last_j: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """Context after each row's token ``last`` (b,), emitted at block index ``last_j`` (b, 1) of ``contexts`` (b, K+1)."""
+        if self.last_token is not None:  # the token alone decides
+            return self.last_token.index_select(0, last)  # (b,)
+        return self(contexts.gather(1, last_j).squeeze(1), last)  # (b,)
+
+    def sequences(self, initial: int, tokens: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
         """The context before every token of rows that start in ``initial``, tokens (B, L): (B, L), by a closed form.
 
         For token-independent models the contexts are the same in every row (``initial`` moved
         on t times before token t); for last-token models they are ``last_token`` of the previous
-        token.  None for other models (their contexts follow the rows step by step).
+        token.  None for other models (their contexts follow the rows step by step).  ``out``:
+        a (B, L) long tensor to write them into.
         """
         B, L = tokens.shape
-        if self.token_independent:
-            return _walk(self.model, torch.tensor([initial]), L - 1).expand(B, L).contiguous()  # (B, L)
-        if self.last_token is None:
+        if not self.token_independent and self.last_token is None:
             return None
-        after = self.last_token.index_select(0, tokens.reshape(-1)).view(B, L)  # (B, L) context after each token
-        out = torch.empty(B, L, dtype=torch.long)  # (B, L)
+        if out is None:
+            out = torch.empty(B, L, dtype=torch.long)  # (B, L)
+        if self.token_independent:
+            return out.copy_(_walk(self.model, torch.tensor([initial]), L - 1).expand(B, L))  # (B, L)
         out[:, 0] = initial
-        out[:, 1:] = after[:, :-1]
+        # the context after each token but the last, shifted one place right
+        out[:, 1:] = self.last_token.index_select(0, tokens[:, :-1].reshape(-1)).view(B, L - 1)
         return out
 
     def block(self, start: torch.Tensor, K: int) -> torch.Tensor:
@@ -213,9 +231,14 @@ def _draft_block(step: _Transitions, draft_sampler, dcur: torch.Tensor, K: int, 
     contexts, drafts = by_position[: K + 1], by_position[K + 1 :]  # (K+1, b), (K, b)
     contexts[0] = dcur
     for i in range(K):
-        drafts[i] = draft_sampler.draw(contexts[i], u[i], None if slices is None else slices[i])
-        contexts[i + 1] = step(contexts[i], drafts[i])
+        draft_sampler.draw(contexts[i], u[i], None if slices is None else slices[i], out=drafts[i])
+        step(contexts[i], drafts[i], out=contexts[i + 1])
     return drafts.t().contiguous(), contexts.t()  # (b, K), (b, K+1) a transposed view
+
+
+def last_tokens(tokens: torch.Tensor, num_emitted: torch.Tensor) -> torch.Tensor:
+    """Each row's last emitted token: ``tokens[b, num_emitted[b] - 1]``, tokens (b, K+1): (b,)."""
+    return tokens.gather(1, (num_emitted - 1)[:, None]).squeeze(1)
 
 
 def _target_contexts(step: _Transitions, tcur: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
@@ -244,11 +267,15 @@ class _Trials:
         self.accept_probs: list[torch.Tensor] = []
         self.accepted: list[torch.Tensor] = []
 
-    def record(self, tokens, num_emitted, drafts, tctx, dctx) -> None:
-        """The trials of one round: a draft reached verification unless an earlier one was rejected."""
+    def record(self, tokens, num_emitted, drafts, tctx, dctx, last=None) -> None:
+        """The trials of one round: a draft reached verification unless an earlier one was rejected.
+
+        ``last``: each row's last emitted token (b,), when already known (:func:`last_tokens`).
+        """
         K = self.K
         last_j = (num_emitted - 1)[:, None]  # (b, 1)
-        last = tokens.gather(1, last_j).squeeze(1)  # (b,)
+        if last is None:
+            last = last_tokens(tokens, num_emitted)  # (b,)
         last_draft = drafts.gather(1, last_j.clamp(max=K - 1)).squeeze(1)  # (b,)
         corrected = (num_emitted > K) | (last != last_draft)  # (b,) a bonus or a correction ends the block
         accepted_n = num_emitted - corrected.long()  # (b,)
@@ -294,57 +321,66 @@ class _Group:
         # State of the unfinished rows only (kept compact, in row order).
         self.rows = torch.arange(B)  # (b,) row ids
         self.lengths = torch.zeros(B, dtype=torch.long)  # (b,)
+        self.offsets = torch.arange(B) * self.W  # (b,) where the next block of each row goes in packed.view(-1)
         self.tcur = torch.full((B,), target.initial_context, dtype=torch.long)  # (b,)
         self.dcur = torch.full((B,), drafter.initial_context, dtype=torch.long)  # (b,)
 
-    def append(self, tokens, num_emitted, tctx, dctx, has_law=None) -> None:
+    def append(self, tokens, num_emitted, tctx, dctx, has_law=None, last=None) -> None:
         """Write the emitted block (tokens (b, K+1), validated, in [0, V) up to num_emitted).
 
         ``tctx``, ``dctx`` (b, K+1) are the target's and drafter's contexts before each
         position (they advance the rows); ``has_law`` (b, K+1) bool says which positions
-        have a draft law (default: all but the bonus position K+1).
+        have a draft law (default: all but the bonus position K+1); ``last`` (b,) each row's
+        last emitted token, when already known (:func:`last_tokens`).
         """
         K = self.K
         last_j = (num_emitted - 1)[:, None]  # (b, 1)
-        last = tokens.gather(1, last_j).squeeze(1)  # (b,)
-        flat = torch.add(self.ar, (self.rows * self.W + self.lengths)[:, None]).view(-1)  # (b*(K+1),)
+        if last is None:
+            last = last_tokens(tokens, num_emitted)  # (b,)
+        flat = torch.add(self.ar, self.offsets[:, None]).view(-1)  # (b*(K+1),) where each row's block goes
         codes = self.bonus_codes if has_law is None else torch.where(has_law, self.ar, self.ar + K + 1)
         # Distinct indices (rows own disjoint blocks), so scatter_ writes what index_copy_ would, ~2.5x faster.
         self.packed.view(-1).scatter_(0, flat, torch.add(codes, tokens, alpha=1 << self.shift).view(-1))
-        self.tcur = self.steps[0](tctx.gather(1, last_j).squeeze(1), last)  # (b,)
-        self.dcur = self.steps[1](dctx.gather(1, last_j).squeeze(1), last)  # (b,)
-        self.lengths = self.lengths + num_emitted
+        self.tcur = self.steps[0].after(tctx, last_j, last)  # (b,)
+        self.dcur = self.steps[1].after(dctx, last_j, last)  # (b,)
+        self.offsets.add_(num_emitted)
+        self.lengths.add_(num_emitted)
         unfinished = self.lengths < self.L  # (b,)
         if not bool(unfinished.all()):
             keep = unfinished.nonzero().squeeze(1)  # (b',)
-            self.rows, self.lengths = self.rows[keep], self.lengths[keep]
+            self.rows, self.lengths, self.offsets = self.rows[keep], self.lengths[keep], self.offsets[keep]
             self.tcur, self.dcur = self.tcur[keep], self.dcur[keep]
 
-    def columns(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def columns(self, out=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(tokens, target contexts, draft-law contexts (-1: none), block positions)``, each (B, L).
 
-        Whole-buffer passes only (no ``torch.where`` with a scalar or ``masked_fill``: on CPU
-        those run several times slower than a lookup or an in-place multiply).
+        ``out``: four contiguous (B, L) long tensors to write them into (e.g. this group's rows of a
+        run's outputs, so that no copy is made when the groups are put together).  Whole-buffer
+        passes only (no ``torch.where`` with a scalar or ``masked_fill``: on CPU those run several
+        times slower than a lookup or an in-place multiply).
         """
-        K = self.K
-        packed = self.packed[:, : self.L]  # (B, L)
-        tokens = packed >> self.shift  # (B, L)
+        K, B, L = self.K, self.packed.shape[0], self.L
+        if out is None:
+            out = tuple(torch.empty(B, L, dtype=torch.long) for _ in range(4))  # 4 x (B, L)
+        tokens, target_contexts, draft_contexts, positions = out
+        packed = self.packed[:, :L]  # (B, L)
+        torch.bitwise_right_shift(packed, self.shift, out=tokens)  # (B, L)
         codes = packed & ((1 << self.shift) - 1)  # (B, L) in [0, 2K+1]
-        has_law = codes <= K  # (B, L)
-        positions = self.position_of.index_select(0, codes.view(-1)).view(codes.shape)  # (B, L) in 1..K+1
-        target_contexts = self._contexts(self.steps[0], self.target.initial_context, tokens)  # (B, L)
-        draft_contexts = self._contexts(self.steps[1], self.drafter.initial_context, tokens)  # (B, L) >= 0
-        draft_contexts.add_(1).mul_(has_law).sub_(1)  # -1 where the position has no draft law
+        torch.index_select(self.position_of, 0, codes.view(-1), out=positions.view(-1))  # (B, L) in 1..K+1
+        self._contexts(self.steps[0], self.target.initial_context, tokens, target_contexts)  # (B, L)
+        self._contexts(self.steps[1], self.drafter.initial_context, tokens, draft_contexts)  # (B, L) >= 0
+        draft_contexts.add_(1).mul_(codes <= K).sub_(1)  # -1 where the position has no draft law
         return tokens, target_contexts, draft_contexts, positions
 
-    def _contexts(self, step, initial: int, tokens: torch.Tensor) -> torch.Tensor:
-        """The model's context before every token of each row: (B, L)."""
-        closed = step.sequences(initial, tokens)  # (B, L) or None
-        if closed is not None:
-            return closed
+    def _contexts(self, step, initial: int, tokens: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The model's context before every token of each row (written into ``out`` when given): (B, L)."""
+        if out is None:
+            out = torch.empty_like(tokens)  # (B, L)
+        if step.sequences(initial, tokens, out=out) is not None:
+            return out
         by_position = tokens.t().contiguous()  # (L, B)
-        out = torch.empty_like(by_position)  # (L, B)
-        out[0] = initial
+        contexts = torch.empty_like(by_position)  # (L, B)
+        contexts[0] = initial
         for t in range(self.L - 1):
-            out[t + 1] = step(out[t], by_position[t])
-        return out.t().contiguous()  # (B, L)
+            contexts[t + 1] = step(contexts[t], by_position[t])
+        return out.copy_(contexts.t())  # (B, L)

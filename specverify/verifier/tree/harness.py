@@ -34,7 +34,7 @@ from specverify.core.devices import check_device, check_prob_dtype
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.tables import TableModel
 from specverify.core.validation import check_generator, check_int
-from specverify.verifier.harness import HarnessRun, collect_run
+from specverify.verifier.harness import HarnessRun, _Columns, collect_run
 from specverify.verifier.rounds import _Group
 from specverify.verifier.tree.drafting import TreeDrafting, draft_trees
 from specverify.verifier.tree.exact import node_law
@@ -139,8 +139,8 @@ def run_tree_harness(
     trial_pos, trial_prob, trial_acc = [], [], []
     depths, root_t, root_d = [], [], []
     start = time.perf_counter()
-    groups, num_calls, N = [], 0, 0
-    for _ in range(G):
+    columns, num_calls, N = _Columns(B, G, L), 0, 0
+    for g in range(G):
         group = _Group(target, drafter, B, L, K)
         while group.rows.numel():
             trees = draft_trees(target, drafter, spec, group.tcur, group.dcur, generator=draft_gen)
@@ -177,8 +177,8 @@ def run_tree_harness(
             # the q the emitted token competed with: the slot's draft row (none at a leaf or for target-only rules)
             has_law = has_kids if spec.mode != "any" else torch.zeros_like(has_kids)  # (b, K+1)
             group.append(emitted, out.num_emitted, tctx, dctx, has_law=has_law)
-        groups.append(group)
-    run = collect_run(groups, trial_pos, trial_prob, trial_acc, K, B, L, num_calls, start)
+        columns.add(g, group)
+    run = collect_run(columns, trial_pos, trial_prob, trial_acc, K, num_calls, start)
     return TreeHarnessRun(run, torch.cat(depths), torch.cat(root_t), torch.cat(root_d), N)
 
 
