@@ -144,8 +144,9 @@ def verify(
         last[rows] = inverse_cdf(_select_rows(target_probs, num_accepted)[rows].double(), u_last[rows])[0]
 
     positions = torch.arange(K, device=device)  # (K,)
-    tokens = torch.zeros(B, K1, dtype=torch.long, device=device)  # (B, K+1)
+    tokens = torch.empty(B, K1, dtype=torch.long, device=device)  # (B, K+1)
     torch.mul(draft_tokens, positions < num_accepted[:, None], out=tokens[:, :K])  # accepted drafts, zero past them
+    tokens[:, K] = 0  # the bonus position, unless the scatter below writes there
     tokens.scatter_(1, num_accepted[:, None], last[:, None])
     return tokens, num_accepted + 1
 

@@ -325,14 +325,15 @@ def run_harness(
             b = group.rows.numel()
             drafts, dctx = _draft_block(steps[1], draft_sampler, group.dcur, K, draft_gen)  # (b, K), (b, K+1)
             tctx = _target_contexts(steps[0], group.tcur, drafts)  # (b, K+1)
+            draft_index = dctx[:, :K].reshape(-1)  # (b*K,) the drafter's context of each draft, row-major
             if on_cpu:
                 target_probs = target_buffer.take((b, K + 1, V))  # (b, K+1, V)
                 torch.index_select(t_tab, 0, tctx.view(-1), out=target_probs.view(b * (K + 1), V))
                 draft_probs = draft_buffer.take((b, K, V))  # (b, K, V)
-                torch.index_select(d_tab, 0, dctx[:, :K].reshape(-1), out=draft_probs.view(b * K, V))
+                torch.index_select(d_tab, 0, draft_index, out=draft_probs.view(b * K, V))
                 dev_drafts = drafts_buffer.take((b, K)).copy_(drafts)  # (b, K) the verifier's own copy
             else:  # one host-to-device copy of the contexts and drafts, gathers on the device
-                moved = torch.cat([tctx.view(-1), dctx[:, :K].reshape(-1), drafts.view(-1)]).to(dev)  # (b*(3K+1),)
+                moved = torch.cat([tctx.view(-1), draft_index, drafts.reshape(-1)]).to(dev)  # (b*(3K+1),)
                 n_t, n_d = b * (K + 1), b * K
                 target_probs = t_tab.index_select(0, moved[:n_t]).view(b, K + 1, V)  # (b, K+1, V)
                 draft_probs = d_tab.index_select(0, moved[n_t : n_t + n_d]).view(b, K, V)  # (b, K, V)
@@ -344,7 +345,7 @@ def run_harness(
             del target_probs, draft_probs, dev_drafts
             num_calls += 1
             last = last_tokens(tokens, num_emitted)  # (b,)
-            trials.record(tokens, num_emitted, drafts, tctx, dctx, last=last)
+            trials.record(tokens, num_emitted, drafts, tctx, dctx, last=last, draft_index=draft_index)
             group.append(tokens, num_emitted, tctx, dctx, last=last)
         columns.add(g, group)
     return collect_run(columns, trials.positions, trials.accept_probs, trials.accepted, K, num_calls, start)

@@ -40,15 +40,22 @@ class _ContextSampler:
     non-decreasing row).  That token is non-decreasing in ``u``, so on a *guide table*
     (Chen & Asau 1974) of ``G`` (a power of two) equal slices of [0, 1) per context it is
     constant on every slice whose two ends give the same token: those draws are one
-    lookup at ``floor(u * G)`` (exact, as ``u * G`` is).  The other draws (at most V - 1
-    slices per context hold a CDF step) gather their CDF rows and count, in cache-sized
-    chunks.  Either way the token is exactly that of the formula above.
+    lookup at ``floor(u * G)`` (exact, as ``u * G`` is).  A slice that holds CDF steps (at
+    most V - 1 per context do) stores, when every slice holds at most ``MAX_STEPS``, its
+    *thresholds*: for the m-th step the smallest float64 ``u`` of the slice whose token
+    exceeds the slice's first token by more than m (found by bisection on the float64
+    ordering, exact), so its draws are the first token plus the number of thresholds ``u``
+    reaches: a few gathers, no branch and no host sync.  Otherwise draws on such slices
+    gather their CDF rows and count, in cache-sized chunks.  Either way the token is exactly
+    that of the formula above.
     """
 
     #: Slices per vocabulary entry (at most 1/16 of the u-mass then falls on ambiguous slices).
     SLICES_PER_TOKEN = 16
     #: Largest guide table (entries) and largest precomputation (contexts x slices x V).
     MAX_GUIDE, MAX_GUIDE_WORK = 1 << 22, 1 << 27
+    #: Most CDF steps in one slice for which the slices store thresholds.
+    MAX_STEPS = 8
 
     def __init__(self, cdf_table: torch.Tensor):
         self.cdf = cdf_table.contiguous()  # (C, V) float64
@@ -58,7 +65,8 @@ class _ContextSampler:
         self.cap = torch.nextafter(total, torch.zeros_like(total))  # (C,) largest float64 below the total
         slices = 1 << max(8, (self.SLICES_PER_TOKEN * V - 1).bit_length())
         self.slices = slices
-        self.guide = None
+        self.guide = self.thresholds = None
+        self.unambiguous = False
         if C * slices <= self.MAX_GUIDE and C * slices * V <= self.MAX_GUIDE_WORK:
             edges = torch.arange(slices + 1, dtype=torch.float64) / slices  # (G+1,) exact
             u_low = edges[:-1].repeat(C)  # (C*G,) first u of each slice
@@ -66,6 +74,43 @@ class _ContextSampler:
             ctx = torch.arange(C).repeat_interleave(slices)  # (C*G,)
             low, high = self._exact(ctx, u_low), self._exact(ctx, u_high)  # (C*G,)
             self.guide = torch.where(low == high, low, -1)  # (C*G,) the token, or -1: ambiguous slice
+            self.unambiguous = bool((low == high).all())
+            self.thresholds = self._thresholds(ctx, u_low, u_high, low, high)  # (C*G, M) or None
+            if self.thresholds is not None:
+                self.guide = low  # (C*G,) the first token of each slice
+
+    def _thresholds(self, ctx, u_low, u_high, low, high) -> torch.Tensor | None:
+        """Per slice, the smallest u whose token exceeds ``low`` by more than m, m < M: (C*G, M) float64.
+
+        2.0 (above every uniform) where the slice has at most m steps.  None when some slice
+        has more than ``MAX_STEPS`` steps, none has any, or the tables would be too large.
+        """
+        steps = high - low  # (C*G,) CDF steps inside each slice
+        M = int(steps.max())
+        V = self.cdf.shape[1]
+        ambiguous = (steps > 0).nonzero().squeeze(1)  # (A,)
+        if not 0 < M <= self.MAX_STEPS or steps.numel() * M > self.MAX_GUIDE:
+            return None
+        if ambiguous.numel() * M * 64 * V > self.MAX_GUIDE_WORK:
+            return None
+        out = torch.full((steps.numel(), M), 2.0, dtype=torch.float64)  # (C*G, M)
+        for m in range(M):
+            at = ambiguous[steps.index_select(0, ambiguous) > m]  # (A_m,) slices with more than m steps
+            out[at, m] = self._first_reaching(ctx[at], low[at] + m + 1, u_low[at], u_high[at])
+        return out
+
+    def _first_reaching(self, contexts, tokens, u_low, u_high) -> torch.Tensor:
+        """The smallest float64 u in [u_low, u_high] whose draw is at least ``tokens`` (reached at u_high).
+
+        Bisection on the bit patterns, which order non-negative float64 values as their values.
+        """
+        low, high = u_low.view(torch.int64).clone(), u_high.view(torch.int64).clone()  # (n,) each
+        while bool((low < high).any()):
+            mid = low + (high - low) // 2  # (n,)
+            reached = self._exact(contexts, mid.view(torch.float64)) >= tokens  # (n,)
+            high = torch.where(reached, mid, high)
+            low = torch.where(reached, low, torch.minimum(mid + 1, high))
+        return low.view(torch.float64)
 
     def _exact(self, contexts: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """Token ``#{j : cdf[c, j] <= x}`` per draw (contexts (n,), u (n,) float64)."""
@@ -101,7 +146,15 @@ class _ContextSampler:
             slices = (u * self.slices).long()  # (n,) floor(u * G), exact
         if out is None:
             out = torch.empty(contexts.numel(), dtype=torch.long)  # (n,)
-        tokens = torch.index_select(self.guide, 0, torch.add(slices, contexts, alpha=self.slices), out=out)  # (n,)
+        at = torch.add(slices, contexts, alpha=self.slices)  # (n,) the slice of each draw
+        tokens = torch.index_select(self.guide, 0, at, out=out)  # (n,)
+        if self.thresholds is not None:  # the first token of the slice plus the thresholds u reaches
+            thresholds = self.thresholds.index_select(0, at)  # (n, M)
+            if thresholds.shape[1] == 1:
+                return tokens.add_(u >= thresholds.view(-1))
+            return tokens.add_((u[:, None] >= thresholds).sum(-1))
+        if self.unambiguous:
+            return tokens
         ambiguous = (tokens < 0).nonzero().squeeze(1)  # (a,)
         if ambiguous.numel():
             tokens[ambiguous] = self._exact(contexts[ambiguous], u[ambiguous])
@@ -233,7 +286,7 @@ def _draft_block(step: _Transitions, draft_sampler, dcur: torch.Tensor, K: int, 
     for i in range(K):
         draft_sampler.draw(contexts[i], u[i], None if slices is None else slices[i], out=drafts[i])
         step(contexts[i], drafts[i], out=contexts[i + 1])
-    return drafts.t().contiguous(), contexts.t()  # (b, K), (b, K+1) a transposed view
+    return drafts.t(), contexts.t()  # (b, K), (b, K+1) transposed views
 
 
 def last_tokens(tokens: torch.Tensor, num_emitted: torch.Tensor) -> torch.Tensor:
@@ -267,10 +320,11 @@ class _Trials:
         self.accept_probs: list[torch.Tensor] = []
         self.accepted: list[torch.Tensor] = []
 
-    def record(self, tokens, num_emitted, drafts, tctx, dctx, last=None) -> None:
+    def record(self, tokens, num_emitted, drafts, tctx, dctx, last=None, draft_index=None) -> None:
         """The trials of one round: a draft reached verification unless an earlier one was rejected.
 
-        ``last``: each row's last emitted token (b,), when already known (:func:`last_tokens`).
+        ``last``: each row's last emitted token (b,), when already known (:func:`last_tokens`);
+        ``draft_index``: ``dctx[:, :K]`` flattened row-major (b*K,), when already made.
         """
         K = self.K
         last_j = (num_emitted - 1)[:, None]  # (b, 1)
@@ -285,12 +339,14 @@ class _Trials:
         trial_j = trial_at % K  # (T,) in-block position - 1
         self.positions.append(trial_j + 1)
         self.accepted.append(trial_j < accepted_n.index_select(0, trial_at // K))
+        if draft_index is None:
+            draft_index = dctx[:, :K].reshape(-1)  # (b*K,)
         if self.overlap_flat is not None:
-            pair = torch.add(dctx[:, :K], tctx[:, :K], alpha=self.drafter.num_contexts)  # (b, K)
-            self.accept_probs.append(self.overlap_flat.index_select(0, pair.reshape(-1).index_select(0, trial_at)))
+            pair = torch.add(draft_index.view(-1, K), tctx[:, :K], alpha=self.drafter.num_contexts)  # (b, K)
+            self.accept_probs.append(self.overlap_flat.index_select(0, pair.view(-1).index_select(0, trial_at)))
         else:
             trial_tctx = tctx[:, :K].reshape(-1).index_select(0, trial_at)  # (T,)
-            trial_dctx = dctx[:, :K].reshape(-1).index_select(0, trial_at)  # (T,)
+            trial_dctx = draft_index.index_select(0, trial_at)  # (T,)
             self.accept_probs.append(_overlap_rows(self.target.table, self.drafter.table, trial_tctx, trial_dctx))
 
 

@@ -7,7 +7,9 @@
 * the harness' transition tables, block advances and closed-form context sequences equal the
   models' ``next_context`` followed step by step;
 * one call drawing K*b uniforms consumes the generator exactly as K calls drawing b each
-  (the harness draws a round's draft uniforms at once).
+  (the harness draws a round's draft uniforms at once);
+* the drafter sampler's guide table, with or without slice thresholds, draws exactly the
+  token of the inverse-CDF formula, at every threshold and slice edge too.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from specverify.core.validation import PROB_ATOL, check_probs, check_tokens
 from specverify.verifier import zoo
 from specverify.verifier.harness import _Transitions
 from specverify.verifier.protocol import validate_verifier_output
-from specverify.verifier.rounds import _Group
+from specverify.verifier.rounds import _ContextSampler, _Group
 
 
 def _full_check_accepts(target, draft, tokens) -> bool:
@@ -197,3 +199,28 @@ def test_output_validation_ignores_padding_and_still_catches_errors():
         validate_verifier_output((torch.tensor([[1, 5, 0, 0], [1, 2, 3, 4]]), torch.tensor([3, 4])), drafts, 10)
     with pytest.raises(Exception, match="outside \\[1, K\\+1\\]"):
         validate_verifier_output((tokens, torch.tensor([0, 4])), drafts, 10)
+
+
+@pytest.mark.parametrize("vocab", [2, 5, 32])
+@pytest.mark.parametrize("drafter", ["target", "uniform", "least_likely", "anti_inverse", "noisy", "temperature"])
+@pytest.mark.parametrize("max_steps", [0, 8])
+def test_guide_draws_equal_the_exact_formula(vocab, drafter, max_steps):
+    target = tables.markov(vocab, "peaked", seed=vocab)
+    model = target if drafter == "target" else zoo.make_drafter(drafter, target)
+    with mock.patch.object(_ContextSampler, "MAX_STEPS", max_steps):  # 0: no thresholds, the counting fallback
+        sampler = _ContextSampler(torch.cumsum(model.table, -1))
+    assert sampler.guide is not None and (sampler.thresholds is None or max_steps > 0)
+    gen = torch.Generator().manual_seed(vocab)
+    C = model.table.shape[0]
+    contexts = torch.randint(0, C, (50_000,), generator=gen)
+    u = torch.rand(50_000, generator=gen, dtype=torch.float64)
+    edges = torch.arange(sampler.slices, dtype=torch.float64) / sampler.slices  # (G,) slice edges and the float below
+    at_edges = torch.randint(0, C, (sampler.slices,), generator=gen)
+    contexts = torch.cat([contexts, at_edges, at_edges])
+    u = torch.cat([u, edges, torch.nextafter(edges, torch.ones(()))])
+    if sampler.thresholds is not None:  # every threshold and the float just below it
+        slice_at = (sampler.thresholds < 2).nonzero()[:, 0]
+        thresholds = sampler.thresholds[sampler.thresholds < 2]
+        contexts = torch.cat([contexts, slice_at // sampler.slices, slice_at // sampler.slices])
+        u = torch.cat([u, thresholds, torch.nextafter(thresholds, torch.zeros(()))])
+    assert torch.equal(sampler.draw(contexts, u), sampler._exact(contexts, u))
