@@ -40,22 +40,20 @@ class _ContextSampler:
     non-decreasing row).  That token is non-decreasing in ``u``, so on a *guide table*
     (Chen & Asau 1974) of ``G`` (a power of two) equal slices of [0, 1) per context it is
     constant on every slice whose two ends give the same token: those draws are one
-    lookup at ``floor(u * G)`` (exact, as ``u * G`` is).  A slice that holds CDF steps (at
-    most V - 1 per context do) stores, when every slice holds at most ``MAX_STEPS``, its
-    *thresholds*: for the m-th step the smallest float64 ``u`` of the slice whose token
-    exceeds the slice's first token by more than m (found by bisection on the float64
-    ordering, exact), so its draws are the first token plus the number of thresholds ``u``
-    reaches: a few gathers, no branch and no host sync.  Otherwise draws on such slices
+    lookup at ``floor(u * G)`` (exact, as ``u * G`` is).  The other slices (at most V - 1
+    per context) hold a CDF step.  When none holds more than one, each stores its
+    *threshold*, the smallest float64 ``u`` of the slice whose token is the next one (found
+    by bisection on the float64 ordering, exact), and every draw is the slice's first token
+    plus ``u >= threshold``: no branch and no host sync.  Otherwise draws on such slices
     gather their CDF rows and count, in cache-sized chunks.  Either way the token is exactly
-    that of the formula above.
+    that of the formula above.  (Thresholds for slices of several steps would cost more per
+    draw than the counting fallback: a draw gathers every threshold of its slice.)
     """
 
     #: Slices per vocabulary entry (at most 1/16 of the u-mass then falls on ambiguous slices).
     SLICES_PER_TOKEN = 16
     #: Largest guide table (entries) and largest precomputation (contexts x slices x V).
     MAX_GUIDE, MAX_GUIDE_WORK = 1 << 22, 1 << 27
-    #: Most CDF steps in one slice for which the slices store thresholds.
-    MAX_STEPS = 8
 
     def __init__(self, cdf_table: torch.Tensor):
         self.cdf = cdf_table.contiguous()  # (C, V) float64
@@ -73,31 +71,14 @@ class _ContextSampler:
             u_high = torch.nextafter(edges[1:], torch.zeros(())).repeat(C)  # (C*G,) last u of each slice
             ctx = torch.arange(C).repeat_interleave(slices)  # (C*G,)
             low, high = self._exact(ctx, u_low), self._exact(ctx, u_high)  # (C*G,)
-            self.guide = torch.where(low == high, low, -1)  # (C*G,) the token, or -1: ambiguous slice
-            self.unambiguous = bool((low == high).all())
-            self.thresholds = self._thresholds(ctx, u_low, u_high, low, high)  # (C*G, M) or None
-            if self.thresholds is not None:
+            steps = high - low  # (C*G,) CDF steps inside each slice
+            self.unambiguous = bool((steps == 0).all())
+            self.guide = torch.where(steps == 0, low, -1)  # (C*G,) the token, or -1: ambiguous slice
+            if int(steps.max()) == 1:
                 self.guide = low  # (C*G,) the first token of each slice
-
-    def _thresholds(self, ctx, u_low, u_high, low, high) -> torch.Tensor | None:
-        """Per slice, the smallest u whose token exceeds ``low`` by more than m, m < M: (C*G, M) float64.
-
-        2.0 (above every uniform) where the slice has at most m steps.  None when some slice
-        has more than ``MAX_STEPS`` steps, none has any, or the tables would be too large.
-        """
-        steps = high - low  # (C*G,) CDF steps inside each slice
-        M = int(steps.max())
-        V = self.cdf.shape[1]
-        ambiguous = (steps > 0).nonzero().squeeze(1)  # (A,)
-        if not 0 < M <= self.MAX_STEPS or steps.numel() * M > self.MAX_GUIDE:
-            return None
-        if ambiguous.numel() * M * 64 * V > self.MAX_GUIDE_WORK:
-            return None
-        out = torch.full((steps.numel(), M), 2.0, dtype=torch.float64)  # (C*G, M)
-        for m in range(M):
-            at = ambiguous[steps.index_select(0, ambiguous) > m]  # (A_m,) slices with more than m steps
-            out[at, m] = self._first_reaching(ctx[at], low[at] + m + 1, u_low[at], u_high[at])
-        return out
+                self.thresholds = torch.full_like(u_low, 2.0)  # (C*G,) above every uniform: no step
+                at = steps.nonzero().squeeze(1)  # (A,) the slices with a step
+                self.thresholds[at] = self._first_reaching(ctx[at], high[at], u_low[at], u_high[at])
 
     def _first_reaching(self, contexts, tokens, u_low, u_high) -> torch.Tensor:
         """The smallest float64 u in [u_low, u_high] whose draw is at least ``tokens`` (reached at u_high).
@@ -148,11 +129,8 @@ class _ContextSampler:
             out = torch.empty(contexts.numel(), dtype=torch.long)  # (n,)
         at = torch.add(slices, contexts, alpha=self.slices)  # (n,) the slice of each draw
         tokens = torch.index_select(self.guide, 0, at, out=out)  # (n,)
-        if self.thresholds is not None:  # the first token of the slice plus the thresholds u reaches
-            thresholds = self.thresholds.index_select(0, at)  # (n, M)
-            if thresholds.shape[1] == 1:
-                return tokens.add_(u >= thresholds.view(-1))
-            return tokens.add_((u[:, None] >= thresholds).sum(-1))
+        if self.thresholds is not None:  # the first token of the slice, plus one from its threshold on
+            return tokens.add_(u >= self.thresholds.index_select(0, at))
         if self.unambiguous:
             return tokens
         ambiguous = (tokens < 0).nonzero().squeeze(1)  # (a,)

@@ -203,13 +203,11 @@ def test_output_validation_ignores_padding_and_still_catches_errors():
 
 @pytest.mark.parametrize("vocab", [2, 5, 32])
 @pytest.mark.parametrize("drafter", ["target", "uniform", "least_likely", "anti_inverse", "noisy", "temperature"])
-@pytest.mark.parametrize("max_steps", [0, 8])
-def test_guide_draws_equal_the_exact_formula(vocab, drafter, max_steps):
+def test_guide_draws_equal_the_exact_formula(vocab, drafter):
     target = tables.markov(vocab, "peaked", seed=vocab)
     model = target if drafter == "target" else zoo.make_drafter(drafter, target)
-    with mock.patch.object(_ContextSampler, "MAX_STEPS", max_steps):  # 0: no thresholds, the counting fallback
-        sampler = _ContextSampler(torch.cumsum(model.table, -1))
-    assert sampler.guide is not None and (sampler.thresholds is None or max_steps > 0)
+    sampler = _ContextSampler(torch.cumsum(model.table, -1))
+    assert sampler.guide is not None
     gen = torch.Generator().manual_seed(vocab)
     C = model.table.shape[0]
     contexts = torch.randint(0, C, (50_000,), generator=gen)
@@ -219,8 +217,19 @@ def test_guide_draws_equal_the_exact_formula(vocab, drafter, max_steps):
     contexts = torch.cat([contexts, at_edges, at_edges])
     u = torch.cat([u, edges, torch.nextafter(edges, torch.ones(()))])
     if sampler.thresholds is not None:  # every threshold and the float just below it
-        slice_at = (sampler.thresholds < 2).nonzero()[:, 0]
-        thresholds = sampler.thresholds[sampler.thresholds < 2]
+        slice_at = (sampler.thresholds < 2).nonzero().squeeze(1)
+        thresholds = sampler.thresholds[slice_at]
         contexts = torch.cat([contexts, slice_at // sampler.slices, slice_at // sampler.slices])
         u = torch.cat([u, thresholds, torch.nextafter(thresholds, torch.zeros(()))])
     assert torch.equal(sampler.draw(contexts, u), sampler._exact(contexts, u))
+
+
+def test_guide_has_each_kind_of_slice():
+    """The cases above cover all three forms of the guide: one token per slice, thresholds, counting fallback."""
+    kinds = set()
+    for vocab in (2, 5, 32):
+        target = tables.markov(vocab, "peaked", seed=vocab)
+        for drafter in ("uniform", "least_likely", "anti_inverse", "noisy", "temperature"):
+            sampler = _ContextSampler(torch.cumsum(zoo.make_drafter(drafter, target).table, -1))
+            kinds.add("unambiguous" if sampler.unambiguous else "thresholds" if sampler.thresholds is not None else "count")
+    assert kinds == {"unambiguous", "thresholds", "count"}
