@@ -340,7 +340,9 @@ def run_harness(
                 dev_drafts = moved[n_t + n_d :].view(b, K)  # (b, K) the verifier's own copy
             if num_calls == 0 and determinism_rows > 0:
                 r = min(b, determinism_rows)
-                check_determinism(verify, target_probs[:r], draft_probs[:r], dev_drafts[:r].clone(), seed=seeds[2] % 2**63)
+                check_determinism(
+                    verify, target_probs[:r], draft_probs[:r], dev_drafts[:r].clone(), seed=seeds[2] % 2**63
+                )
             tokens, num_emitted = call_verifier(verify, target_probs, draft_probs, dev_drafts, generator=verify_gen)
             del target_probs, draft_probs, dev_drafts
             num_calls += 1

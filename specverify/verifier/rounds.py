@@ -114,7 +114,11 @@ class _ContextSampler:
         return None if self.guide is None else (u * self.slices).long()
 
     def draw(
-        self, contexts: torch.Tensor, u: torch.Tensor, slices: torch.Tensor | None = None, out: torch.Tensor | None = None
+        self,
+        contexts: torch.Tensor,
+        u: torch.Tensor,
+        slices: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The tokens of contexts (n,) for the uniforms u (n,) float64; ``slices``: their :meth:`slice_of`.
 

@@ -231,5 +231,7 @@ def test_guide_has_each_kind_of_slice():
         target = tables.markov(vocab, "peaked", seed=vocab)
         for drafter in ("uniform", "least_likely", "anti_inverse", "noisy", "temperature"):
             sampler = _ContextSampler(torch.cumsum(zoo.make_drafter(drafter, target).table, -1))
-            kinds.add("unambiguous" if sampler.unambiguous else "thresholds" if sampler.thresholds is not None else "count")
+            kinds.add(
+                "unambiguous" if sampler.unambiguous else "thresholds" if sampler.thresholds is not None else "count"
+            )
     assert kinds == {"unambiguous", "thresholds", "count"}
