@@ -48,6 +48,7 @@ from specverify.core.tables import TableModel
 from specverify.core.validation import check_generator, check_int
 from specverify.verifier.protocol import call_verifier, check_determinism, validate_verifier_output
 from specverify.verifier.rounds import (
+    _Columns,
     _ContextSampler,
     _draft_block,
     _Group,
@@ -321,8 +322,7 @@ def run_harness(
     columns, num_calls = _Columns(B, G, L), 0
     for g in range(G):
         group = _Group(target, drafter, B, L, K, steps=steps)
-        while group.rows.numel():
-            b = group.rows.numel()
+        while b := group.num_unfinished:
             drafts, dctx = _draft_block(steps[1], draft_sampler, group.dcur, K, draft_gen)  # (b, K), (b, K+1)
             tctx = _target_contexts(steps[0], group.tcur, drafts)  # (b, K+1)
             draft_index = dctx[:, :K].reshape(-1)  # (b*K,) the drafter's context of each draft, row-major
@@ -347,22 +347,10 @@ def run_harness(
             del target_probs, draft_probs, dev_drafts
             num_calls += 1
             last = last_tokens(tokens, num_emitted)  # (b,)
-            trials.record(tokens, num_emitted, drafts, tctx, dctx, last=last, draft_index=draft_index)
+            trials.record(num_emitted, drafts, tctx, draft_index, last)
             group.append(tokens, num_emitted, tctx, dctx, last=last)
         columns.add(g, group)
     return collect_run(columns, trials.positions, trials.accept_probs, trials.accepted, K, num_calls, start)
-
-
-class _Columns:
-    """The (R, L) outputs of a run's G groups of B rows, each group written into its rows when it finishes."""
-
-    def __init__(self, B: int, G: int, L: int):
-        self.B, self.G = B, G
-        self.out = tuple(torch.empty(B * G, L, dtype=torch.long) for _ in range(4))  # 4 x (R, L)
-
-    def add(self, g: int, group: _Group) -> None:
-        """Write the columns of finished group ``g`` (cut at L) into its rows."""
-        group.columns(out=tuple(o[g * self.B : (g + 1) * self.B] for o in self.out))
 
 
 def collect_run(columns: _Columns, positions, accept_probs, accepted, K: int, num_calls: int, start: float):

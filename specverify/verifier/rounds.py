@@ -10,7 +10,7 @@ rows (no Python loop over rows):
 * :class:`_Trials` records the acceptance trials of a round, with their exact acceptance
   probabilities (:func:`acceptance_overlap`);
 * :class:`_Group` writes the emitted tokens of a group of rows and rebuilds the per-token
-  contexts once at the end.
+  contexts once at the end, into its rows of the run's outputs (:class:`_Columns`).
 
 Each piece computes exactly what its plain formulation would (the harness' outputs are
 bit-identical to the row-by-row definitions); ``tests/verifier/test_harness_fast_paths.py``
@@ -198,13 +198,14 @@ class _Transitions:
 
     def __call__(self, contexts: torch.Tensor, tokens: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Context after ``tokens`` (n,) from ``contexts`` (n,); tokens in [0, V).  ``out``: a contiguous (n,) long tensor."""
-        if self.last_token is not None:
-            return torch.index_select(self.last_token, 0, tokens, **({} if out is None else {"out": out}))  # (n,)
-        if self.table is None:
+        if self.table is None and self.last_token is None:
             after = self.model.next_context(contexts, tokens)  # (n,)
             return after if out is None else out.copy_(after)
-        index = torch.add(tokens, contexts, alpha=self.V)  # (n,)
-        return torch.index_select(self.table, 0, index, **({} if out is None else {"out": out}))  # (n,)
+        if out is None:
+            out = torch.empty(tokens.numel(), dtype=torch.long)  # (n,)
+        if self.last_token is not None:
+            return torch.index_select(self.last_token, 0, tokens, out=out)  # (n,)
+        return torch.index_select(self.table, 0, torch.add(tokens, contexts, alpha=self.V), out=out)  # (n,)
 
     def after(self, contexts: torch.Tensor, last_j: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
         """Context after each row's token ``last`` (b,), emitted at block index ``last_j`` (b, 1) of ``contexts`` (b, K+1)."""
@@ -302,16 +303,14 @@ class _Trials:
         self.accept_probs: list[torch.Tensor] = []
         self.accepted: list[torch.Tensor] = []
 
-    def record(self, tokens, num_emitted, drafts, tctx, dctx, last=None, draft_index=None) -> None:
+    def record(self, num_emitted, drafts, tctx, draft_index, last) -> None:
         """The trials of one round: a draft reached verification unless an earlier one was rejected.
 
-        ``last``: each row's last emitted token (b,), when already known (:func:`last_tokens`);
-        ``draft_index``: ``dctx[:, :K]`` flattened row-major (b*K,), when already made.
+        ``draft_index``: the drafter's context of each draft, ``dctx[:, :K]`` flattened row-major
+        (b*K,); ``last``: each row's last emitted token (b,) (:func:`last_tokens`).
         """
         K = self.K
         last_j = (num_emitted - 1)[:, None]  # (b, 1)
-        if last is None:
-            last = last_tokens(tokens, num_emitted)  # (b,)
         last_draft = drafts.gather(1, last_j.clamp(max=K - 1)).squeeze(1)  # (b,)
         corrected = (num_emitted > K) | (last != last_draft)  # (b,) a bonus or a correction ends the block
         accepted_n = num_emitted - corrected.long()  # (b,)
@@ -321,8 +320,6 @@ class _Trials:
         trial_j = trial_at % K  # (T,) in-block position - 1
         self.positions.append(trial_j + 1)
         self.accepted.append(trial_j < accepted_n.index_select(0, trial_at // K))
-        if draft_index is None:
-            draft_index = dctx[:, :K].reshape(-1)  # (b*K,)
         if self.overlap_flat is not None:
             pair = torch.add(draft_index.view(-1, K), tctx[:, :K], alpha=self.drafter.num_contexts)  # (b, K)
             self.accept_probs.append(self.overlap_flat.index_select(0, pair.view(-1).index_select(0, trial_at)))
@@ -357,11 +354,15 @@ class _Group:
         self.bonus_codes = torch.where(self.ar < K, self.ar, self.ar + K + 1)  # (K+1,) no draft law at K+1
         self.position_of = torch.arange(2 * K + 2) % (K + 1) + 1  # (2K+2,) the block position of each code
         # State of the unfinished rows only (kept compact, in row order).
-        self.rows = torch.arange(B)  # (b,) row ids
         self.lengths = torch.zeros(B, dtype=torch.long)  # (b,)
         self.offsets = torch.arange(B) * self.W  # (b,) where the next block of each row goes in packed.view(-1)
         self.tcur = torch.full((B,), target.initial_context, dtype=torch.long)  # (b,)
         self.dcur = torch.full((B,), drafter.initial_context, dtype=torch.long)  # (b,)
+
+    @property
+    def num_unfinished(self) -> int:
+        """Rows still short of L tokens (the batch of the next round)."""
+        return self.lengths.numel()
 
     def append(self, tokens, num_emitted, tctx, dctx, has_law=None, last=None) -> None:
         """Write the emitted block (tokens (b, K+1), validated, in [0, V) up to num_emitted).
@@ -386,20 +387,18 @@ class _Group:
         unfinished = self.lengths < self.L  # (b,)
         if not bool(unfinished.all()):
             keep = unfinished.nonzero().squeeze(1)  # (b',)
-            self.rows, self.lengths, self.offsets = self.rows[keep], self.lengths[keep], self.offsets[keep]
+            self.lengths, self.offsets = self.lengths[keep], self.offsets[keep]
             self.tcur, self.dcur = self.tcur[keep], self.dcur[keep]
 
-    def columns(self, out=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def columns(self, out) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(tokens, target contexts, draft-law contexts (-1: none), block positions)``, each (B, L).
 
-        ``out``: four contiguous (B, L) long tensors to write them into (e.g. this group's rows of a
-        run's outputs, so that no copy is made when the groups are put together).  Whole-buffer
-        passes only (no ``torch.where`` with a scalar or ``masked_fill``: on CPU those run several
-        times slower than a lookup or an in-place multiply).
+        Written into ``out``, four contiguous (B, L) long tensors (this group's rows of a run's
+        outputs, :class:`_Columns`, so that no copy is made when the groups are put together).
+        Whole-buffer passes only (no ``torch.where`` with a scalar or ``masked_fill``: on CPU
+        those run several times slower than a lookup or an in-place multiply).
         """
-        K, B, L = self.K, self.packed.shape[0], self.L
-        if out is None:
-            out = tuple(torch.empty(B, L, dtype=torch.long) for _ in range(4))  # 4 x (B, L)
+        K, L = self.K, self.L
         tokens, target_contexts, draft_contexts, positions = out
         packed = self.packed[:, :L]  # (B, L)
         torch.bitwise_right_shift(packed, self.shift, out=tokens)  # (B, L)
@@ -422,3 +421,15 @@ class _Group:
         for t in range(self.L - 1):
             contexts[t + 1] = step(contexts[t], by_position[t])
         return out.copy_(contexts.t())  # (B, L)
+
+
+class _Columns:
+    """The (R, L) outputs of a run's G groups of B rows, each group written into its rows when it finishes."""
+
+    def __init__(self, B: int, G: int, L: int):
+        self.B, self.G = B, G
+        self.out = tuple(torch.empty(B * G, L, dtype=torch.long) for _ in range(4))  # 4 x (R, L)
+
+    def add(self, g: int, group: _Group) -> None:
+        """Write the columns of finished group ``g`` (cut at L) into its rows."""
+        group.columns(out=tuple(o[g * self.B : (g + 1) * self.B] for o in self.out))

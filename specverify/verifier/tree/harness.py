@@ -34,8 +34,8 @@ from specverify.core.devices import check_device, check_prob_dtype
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.tables import TableModel
 from specverify.core.validation import check_generator, check_int
-from specverify.verifier.harness import HarnessRun, _Columns, collect_run
-from specverify.verifier.rounds import _Group
+from specverify.verifier.harness import HarnessRun, collect_run
+from specverify.verifier.rounds import _Columns, _Group
 from specverify.verifier.tree.drafting import TreeDrafting, draft_trees
 from specverify.verifier.tree.exact import node_law
 from specverify.verifier.tree.protocol import TreeBatch, call_tree_verifier, children_table, draw_uniforms
@@ -142,7 +142,7 @@ def run_tree_harness(
     columns, num_calls, N = _Columns(B, G, L), 0, 0
     for g in range(G):
         group = _Group(target, drafter, B, L, K)
-        while group.rows.numel():
+        while group.num_unfinished:
             trees = draft_trees(target, drafter, spec, group.tcur, group.dcur, generator=draft_gen)
             N = trees.parents.shape[1]
             slot_t = torch.cat([group.tcur[:, None], trees.target_contexts], 1)  # (b, N+1)
