@@ -96,9 +96,11 @@ class _ContextSampler:
     def _exact(self, contexts: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """Token ``#{j : cdf[c, j] <= x}`` per draw (contexts (n,), u (n,) float64)."""
         n, V = contexts.numel(), self.cdf.shape[1]
-        x = torch.minimum(u * self.total[contexts], self.cap[contexts])  # (n,)
-        out = torch.empty(n, dtype=torch.long)  # (n,)
+        x = torch.minimum(u * self.total.index_select(0, contexts), self.cap.index_select(0, contexts))  # (n,)
         step = chunk_rows(n, V, "cpu")
+        if step >= n:  # one cached chunk
+            return search_cdf(self.cdf.index_select(0, contexts), x[:, None])  # (n,)
+        out = torch.empty(n, dtype=torch.long)  # (n,)
         for start in range(0, n, step):
             stop = min(start + step, n)
             rows = self.cdf.index_select(0, contexts[start:stop])  # (m, V) cached chunk
@@ -138,8 +140,9 @@ class _ContextSampler:
         if self.unambiguous:
             return tokens
         ambiguous = (tokens < 0).nonzero().squeeze(1)  # (a,)
-        if ambiguous.numel():
-            tokens[ambiguous] = self._exact(contexts[ambiguous], u[ambiguous])
+        if ambiguous.numel():  # index_select / index_copy_: several times cheaper than advanced indexing
+            exact = self._exact(contexts.index_select(0, ambiguous), u.index_select(0, ambiguous))  # (a,)
+            tokens.index_copy_(0, ambiguous, exact)
         return tokens
 
 

@@ -221,7 +221,11 @@ def test_guide_draws_equal_the_exact_formula(vocab, drafter):
         thresholds = sampler.thresholds[slice_at]
         contexts = torch.cat([contexts, slice_at // sampler.slices, slice_at // sampler.slices])
         u = torch.cat([u, thresholds, torch.nextafter(thresholds, torch.zeros(()))])
-    assert torch.equal(sampler.draw(contexts, u), sampler._exact(contexts, u))
+    exact = sampler._exact(contexts, u)
+    total = sampler.cdf[contexts, -1]  # the formula written out: searchsorted(right=True) of the capped u * total
+    x = torch.minimum(u * total, torch.nextafter(total, torch.zeros(())))
+    assert torch.equal(exact, torch.searchsorted(sampler.cdf[contexts], x[:, None], right=True).squeeze(1))
+    assert torch.equal(sampler.draw(contexts, u), exact)
 
 
 def test_guide_has_each_kind_of_slice():
