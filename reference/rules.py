@@ -32,9 +32,19 @@ import torch
 
 from reference.sampling import chunk_rows, inverse_cdf, search_cdf, uniform
 from specverify.core.errors import InvalidArgument
-from specverify.core.validation import check_generator, check_probs, check_shape, check_tokens
+from specverify.core.rowsums import sum_margin, within_margin
+from specverify.core.validation import PROB_ATOL, check_generator, check_probs, check_shape, check_tokens
 
 __all__ = ["verify", "greedy_verify", "residual_weights", "check_verifier_inputs"]
+
+#: Elements of the two probability tensors read per chunk by the one-pass input check of
+#: :func:`_checked_drafted_probs` (2 MiB of float32: the chunk is still in cache when it is read
+#: the second and third time).
+CHECK_CHUNK_ELEMENTS = 1 << 19
+#: The one-pass check runs only on inputs of more elements than this (32 MiB of float32, a CPU's
+#: last-level cache): smaller inputs stay in cache between whole-tensor passes, and their chunks'
+#: extra calls made them 2% slower (B = 4096 and 16384 at K = 4, V = 32).
+ONE_PASS_MIN_ELEMENTS = 1 << 23
 
 
 def check_verifier_inputs(target_probs, draft_probs, draft_tokens) -> tuple[int, int, int]:
@@ -97,14 +107,15 @@ def verify(
         Number of valid entries per row, in [1, K+1].
     """
     if check:
-        check_verifier_inputs(target_probs, draft_probs, draft_tokens)
+        p_drafted, q_drafted = _checked_drafted_probs(target_probs, draft_probs, draft_tokens)  # (B, K) float64 each
         check_generator("generator", generator)
+    else:
+        p_drafted, q_drafted = _drafted_probs(target_probs, draft_probs, draft_tokens.long())
     B, K1, V = target_probs.shape
     K = K1 - 1
     device = target_probs.device
     draft_tokens = draft_tokens.long()
 
-    p_drafted, q_drafted = _drafted_probs(target_probs, draft_probs, draft_tokens)  # (B, K) float64 each
     u = uniform((B, K), generator=generator, device=device)  # (B, K)
     accepted = u * q_drafted < p_drafted  # (B, K)
     num_accepted = accepted.long().cumprod(-1).sum(-1)  # (B,)
@@ -179,14 +190,91 @@ class _RowSelector:
         return self.probs[torch.arange(start, stop, device=self.probs.device), self.index[start:stop]]  # (b, V)
 
 
+def _flat_offsets(draft_tokens: torch.Tensor, V: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where ``p_i(x_i)`` and ``q_i(x_i)`` lie in the flattened contiguous (B, K+1, V) and (B, K, V) tensors: (B*K,) each."""
+    B, K = draft_tokens.shape
+    # q at ((b*K + i) * V + x), p at that + b * V (rows of K+1)
+    q_at = torch.add(draft_tokens.reshape(-1), torch.arange(B * K, device=draft_tokens.device), alpha=V)  # (B*K,)
+    p_at = (q_at.view(B, K) + (torch.arange(B, device=draft_tokens.device) * V)[:, None]).view(-1)  # (B*K,)
+    return p_at, q_at
+
+
+def _checked_drafted_probs(target_probs, draft_probs, draft_tokens):
+    """:func:`check_verifier_inputs`, then :func:`_drafted_probs`: in one pass over the probabilities when it can.
+
+    On one CPU thread, for contiguous float32/float64 inputs whose rows the fast test of
+    :func:`~specverify.core.rowsums.plainly_normalised` judges whole (vocabulary up to 256), each
+    chunk of batch rows is checked (smallest entry, input-dtype row sums) and its drafted
+    probabilities are gathered while the chunk is in cache, instead of three passes over the
+    whole tensors: on inputs above ``ONE_PASS_MIN_ELEMENTS``, that is, larger than a CPU's cache.
+    Whatever the fast test does not clear -- all invalid input -- goes to
+    :func:`check_verifier_inputs`, which raises naming the first offence in its usual order (or
+    accepts valid rows outside the fast margin).  The values returned are the same either way.
+    """
+    if not _one_pass_checkable(target_probs, draft_probs, draft_tokens):
+        check_verifier_inputs(target_probs, draft_probs, draft_tokens)
+        return _drafted_probs(target_probs, draft_probs, draft_tokens.long())
+    B, K1, V = target_probs.shape
+    K, dtype = K1 - 1, target_probs.dtype
+    low, high = torch.aminmax(draft_tokens)
+    if not bool((low >= 0) & (high < V)):  # tokens out of range: the full check names the first offence
+        check_verifier_inputs(target_probs, draft_probs, draft_tokens)
+    p_at, q_at = _flat_offsets(draft_tokens.long(), V)  # (B*K,) each
+    target_rows, draft_rows = target_probs.view(B * K1, V), draft_probs.view(B * K, V)
+    target_flat, draft_flat = target_probs.view(-1), draft_probs.view(-1)
+    step = max(1, CHECK_CHUNK_ELEMENTS // ((2 * K + 1) * V))  # batch rows per chunk
+    sums = torch.empty(B * (2 * K + 1), dtype=dtype)  # the target's row sums, then the draft's
+    target_sums, draft_sums = sums[: B * K1], sums[B * K1 :]
+    drafted = torch.empty(2, B * K, dtype=dtype)  # p_i(x_i), q_i(x_i)
+    mins = torch.empty(2, (B + step - 1) // step, dtype=dtype)  # per chunk: the target's smallest entry, the draft's
+    for i, start in enumerate(range(0, B, step)):
+        stop = min(start + step, B)
+        t_part, d_part = slice(start * K1, stop * K1), slice(start * K, stop * K)
+        torch.amin(target_rows[t_part], out=mins[0, i])
+        torch.sum(target_rows[t_part], -1, out=target_sums[t_part])
+        torch.amin(draft_rows[d_part], out=mins[1, i])
+        torch.sum(draft_rows[d_part], -1, out=draft_sums[d_part])
+        torch.index_select(target_flat, 0, p_at[d_part], out=drafted[0, d_part])
+        torch.index_select(draft_flat, 0, q_at[d_part], out=drafted[1, d_part])
+    t_low, t_high = torch.aminmax(target_sums)
+    d_low, d_high = torch.aminmax(draft_sums)
+    extremes = torch.stack([*torch.amin(mins, 1), t_low, t_high, d_low, d_high]).tolist()  # one host sync
+    t_min, d_min, t_low, t_high, d_low, d_high = extremes
+    margin = sum_margin(dtype, V)
+    if not (
+        within_margin(t_min, t_low, t_high, margin, PROB_ATOL)
+        and within_margin(d_min, d_low, d_high, margin, PROB_ATOL)
+    ):
+        check_verifier_inputs(target_probs, draft_probs, draft_tokens)
+    return drafted[0].view(B, K).double(), drafted[1].view(B, K).double()  # (B, K) each
+
+
+def _one_pass_checkable(target_probs, draft_probs, draft_tokens) -> bool:
+    """Whether :func:`_checked_drafted_probs` may check in one pass (else the usual checks run)."""
+    tensors = (target_probs, draft_probs, draft_tokens)
+    if torch.get_num_threads() != 1 or not all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in tensors):
+        return False  # several threads: the usual checks' serial chunks avoid many parallel regions
+    if target_probs.dtype not in (torch.float32, torch.float64) or draft_probs.dtype != target_probs.dtype:
+        return False
+    if target_probs.ndim != 3 or target_probs.shape[1] < 2:
+        return False
+    if target_probs.numel() + draft_probs.numel() <= ONE_PASS_MIN_ELEMENTS:
+        return False
+    B, K1, V = target_probs.shape
+    if tuple(draft_probs.shape) != (B, K1 - 1, V) or tuple(draft_tokens.shape) != (B, K1 - 1):
+        return False
+    if draft_tokens.is_floating_point() or draft_tokens.is_complex() or draft_tokens.dtype == torch.bool:
+        return False
+    contiguous = target_probs.is_contiguous() and draft_probs.is_contiguous()
+    return contiguous and V <= 256 and sum_margin(target_probs.dtype, V) <= PROB_ATOL / 2
+
+
 def _drafted_probs(target_probs, draft_probs, draft_tokens):
     """``p_i(x_i)`` and ``q_i(x_i)`` for the K draft positions: two (B, K) float64 tensors."""
     B, K = draft_tokens.shape
     V = target_probs.shape[-1]
     if target_probs.is_contiguous() and draft_probs.is_contiguous() and target_probs.device.type == "cpu":
-        # flat offsets: q at ((b*K + i) * V + x), p at that + b * V (rows of K+1)
-        q_at = torch.add(draft_tokens.reshape(-1), torch.arange(B * K, device=draft_tokens.device), alpha=V)  # (B*K,)
-        p_at = (q_at.view(B, K) + (torch.arange(B, device=draft_tokens.device) * V)[:, None]).view(-1)  # (B*K,)
+        p_at, q_at = _flat_offsets(draft_tokens, V)  # (B*K,) each
         p_drafted = target_probs.view(-1).index_select(0, p_at).view(B, K).double()  # (B, K)
         q_drafted = draft_probs.view(-1).index_select(0, q_at).view(B, K).double()  # (B, K)
         return p_drafted, q_drafted

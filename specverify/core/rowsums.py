@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["plainly_normalised", "sum_margin", "SERIAL_CHUNK_ELEMENTS"]
+__all__ = ["plainly_normalised", "within_margin", "sum_margin", "SERIAL_CHUNK_ELEMENTS"]
 
 #: Largest element count of an ATen elementwise op or reduction that runs serially (below its
 #: parallel grain size of 32768); the CPU chunk of row-wise work with several intra-op threads.
@@ -99,5 +99,13 @@ def plainly_normalised(probs: torch.Tensor, atol: float) -> bool:
     row_sums = block_sums if m == V else block_sums.view(-1, V // m).sum(-1, dtype=torch.float64)  # (N,)
     low_sum, high_sum = torch.aminmax(row_sums)
     low_entry, low, high = torch.stack([min_entry.double(), low_sum.double(), high_sum.double()]).tolist()
+    return within_margin(low_entry, low, high, margin, atol)
+
+
+def within_margin(min_entry: float, low_sum: float, high_sum: float, margin: float, atol: float) -> bool:
+    """The fast test's verdict from a tensor's smallest entry and its smallest and largest input-dtype row sums.
+
+    ``margin`` is :func:`sum_margin` of the tensor's dtype and vocabulary.  NaN fails every comparison.
+    """
     bound = atol - margin
-    return low_entry >= 0 and 1.0 - low <= bound and high - 1.0 <= bound
+    return min_entry >= 0 and 1.0 - low_sum <= bound and high_sum - 1.0 <= bound

@@ -19,6 +19,7 @@ from unittest import mock
 import pytest
 import torch
 
+from reference import rules
 from reference.rules import check_verifier_inputs
 from reference.sampling import search_cdf, uniform
 from specverify.core import tables, validation
@@ -96,6 +97,86 @@ def test_fast_input_check_accepts_only_what_the_full_check_accepts(dtype, V, B, 
                 with pytest.raises(InvalidArgument):
                     check_verifier_inputs(target, draft, tokens)
     assert seen_fast and seen_slow
+
+
+def _outcome(fn, *args):
+    """``("ok", value)`` or ``("raised", message)`` of ``fn(*args)``."""
+    try:
+        return "ok", fn(*args)
+    except InvalidArgument as exc:
+        return "raised", str(exc)
+
+
+def _usual_checks_then_drafted(target, draft, tokens):
+    check_verifier_inputs(target, draft, tokens)
+    return rules._drafted_probs(target, draft, tokens)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("V", [2, 32, 256])
+def test_one_pass_input_check_decides_and_returns_what_the_usual_checks_do(dtype, V):
+    """``verify``'s one-pass check (1 thread, several chunks here) against check_verifier_inputs + _drafted_probs."""
+    gen = torch.Generator().manual_seed(V)
+    B, K = 300, 3
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        chunks = mock.patch.object(rules, "CHECK_CHUNK_ELEMENTS", 64 * (2 * K + 1) * V)  # 64 rows per chunk: 5 chunks
+        with chunks, mock.patch.object(rules, "ONE_PASS_MIN_ELEMENTS", 0):
+            for off in (0.0, 0.99 * PROB_ATOL, 1.01 * PROB_ATOL):
+                for row in (0, 130, B - 1):  # first, a middle and the last chunk
+                    for corrupt in ("none", "nan", "inf", "neg", "negzero", "sum", "token_high", "token_low"):
+                        target = _rows(B, K + 1, V, dtype=dtype, off=off, generator=gen)
+                        draft = _rows(B, K, V, dtype=dtype, off=0.0, generator=gen)
+                        tokens = torch.randint(0, V, (B, K), generator=gen)
+                        if corrupt == "nan":
+                            target[row, 1, V - 1] = float("nan")
+                        elif corrupt == "inf":
+                            draft[row, 0, 0] = float("inf")
+                        elif corrupt == "neg":
+                            draft[row, 2, V // 2] = -1e-12
+                        elif corrupt == "negzero":
+                            target[row, 0, 0] = -0.0
+                        elif corrupt == "sum":
+                            draft[row, 1] *= 1.5
+                        elif corrupt == "token_high":
+                            tokens[row, 1] = V
+                        elif corrupt == "token_low":
+                            tokens[row, 2] = -1
+                        assert rules._one_pass_checkable(target, draft, tokens)
+                        got = _outcome(rules._checked_drafted_probs, target, draft, tokens)
+                        want = _outcome(_usual_checks_then_drafted, target, draft, tokens)
+                        assert got[0] == want[0], (off, row, corrupt)
+                        if got[0] == "raised":
+                            assert got[1] == want[1]
+                        else:
+                            assert all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_one_pass_input_check_is_taken_only_where_it_applies():
+    B, K, V = 4, 2, 8
+    target, draft = torch.full((B, K + 1, V), 1 / V), torch.full((B, K, V), 1 / V)
+    tokens = torch.zeros(B, K, dtype=torch.long)
+    wide = torch.full((B, K + 1, 512), 1 / 512), torch.full((B, K, 512), 1 / 512)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert not rules._one_pass_checkable(target, draft, tokens)  # small inputs stay in cache
+        with mock.patch.object(rules, "ONE_PASS_MIN_ELEMENTS", 0):
+            assert rules._one_pass_checkable(target, draft, tokens)
+            assert rules._one_pass_checkable(target.double(), draft.double(), tokens.int())
+            assert not rules._one_pass_checkable(target.half(), draft.half(), tokens)  # low precision
+            assert not rules._one_pass_checkable(target, draft.double(), tokens)  # mixed dtypes
+            assert not rules._one_pass_checkable(target[:1].expand(B, K + 1, V), draft, tokens)  # not contiguous
+            assert not rules._one_pass_checkable(target, draft, tokens.float())  # not integer tokens
+            assert not rules._one_pass_checkable(target, draft[:, :1], tokens)  # shapes disagree: the usual messages
+            assert not rules._one_pass_checkable(*wide, tokens)  # rows summed in blocks
+            torch.set_num_threads(2)
+            assert not rules._one_pass_checkable(target, draft, tokens)  # several threads: the serial-chunk checks
+    finally:
+        torch.set_num_threads(previous)
 
 
 def test_fast_input_check_defers_other_layouts_and_dtypes():
