@@ -11,8 +11,9 @@ more robust figure (with one thread, tokens per CPU-second is the single-core ra
 two, it includes OpenMP spinning while a descheduled thread is awaited).
 
 ``--processes N`` instead runs N independent copies of one checked configuration at once,
-each in its own process with one intra-op thread (each repeat started together), and prints
-their best aggregate rate: the ceiling that running the harness on every core at once could reach on
+each in its own process with one intra-op thread (each repeat started together; the models'
+``harness_setup`` built once per process, as in ``--group-threads``), and prints their best
+aggregate rate: the ceiling that running the harness on every core at once could reach on
 this machine (the copies share nothing but the memory system).
 
 ``--group-threads N`` runs the groups of one checked configuration (65536 rows in all) on N
@@ -114,7 +115,8 @@ def _copy(target_name, drafter_name, args, barrier, queue) -> None:
     target = make_target(target_name, args.vocab, args.length)
     drafter = zoo.make_drafter(drafter_name, target)
     gen = torch.Generator().manual_seed(os.getpid())
-    common = dict(k=args.k, batch_size=args.batch, length=args.length, generator=gen)
+    setup = harness_setup(target, drafter, k=args.k)  # built once, as a battery builds it once per scenario
+    common = dict(k=args.k, batch_size=args.batch, length=args.length, generator=gen, setup=setup)
     run_harness(verify, target, drafter, **common)  # warm-up
     for _ in range(args.repeats):
         barrier.wait()  # every copy imported, warmed up and done with the previous repeat
