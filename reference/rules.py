@@ -32,7 +32,7 @@ import torch
 
 from reference.sampling import chunk_rows, inverse_cdf, search_cdf, uniform
 from specverify.core.errors import InvalidArgument
-from specverify.core.rowsums import sum_margin, within_margin
+from specverify.core.rowsums import sum_block, sum_margin, within_margin
 from specverify.core.validation import PROB_ATOL, check_generator, check_probs, check_shape, check_tokens
 
 __all__ = ["verify", "greedy_verify", "residual_weights", "check_verifier_inputs"]
@@ -106,15 +106,15 @@ def verify(
     num_emitted : Tensor, shape (B,), long
         Number of valid entries per row, in [1, K+1].
     """
-    if check:
+    if check:  # the checks see the tokens' own dtype
         p_drafted, q_drafted = _checked_drafted_probs(target_probs, draft_probs, draft_tokens)  # (B, K) float64 each
         check_generator("generator", generator)
-    else:
-        p_drafted, q_drafted = _drafted_probs(target_probs, draft_probs, draft_tokens.long())
+    draft_tokens = draft_tokens.long()
+    if not check:
+        p_drafted, q_drafted = _drafted_probs(target_probs, draft_probs, draft_tokens)  # (B, K) float64 each
     B, K1, V = target_probs.shape
     K = K1 - 1
     device = target_probs.device
-    draft_tokens = draft_tokens.long()
 
     u = uniform((B, K), generator=generator, device=device)  # (B, K)
     accepted = u * q_drafted < p_drafted  # (B, K)
@@ -203,7 +203,7 @@ def _checked_drafted_probs(target_probs, draft_probs, draft_tokens):
     """:func:`check_verifier_inputs`, then :func:`_drafted_probs`: in one pass over the probabilities when it can.
 
     On one CPU thread, for contiguous float32/float64 inputs whose rows the fast test of
-    :func:`~specverify.core.rowsums.plainly_normalised` judges whole (vocabulary up to 256), each
+    :func:`~specverify.core.rowsums.plainly_normalised` sums whole (one block per row), each
     chunk of batch rows is checked (smallest entry, input-dtype row sums) and its drafted
     probabilities are gathered while the chunk is in cache, instead of three passes over the
     whole tensors: on inputs above ``ONE_PASS_MIN_ELEMENTS``, that is, larger than a CPU's cache.
@@ -266,7 +266,8 @@ def _one_pass_checkable(target_probs, draft_probs, draft_tokens) -> bool:
     if draft_tokens.is_floating_point() or draft_tokens.is_complex() or draft_tokens.dtype == torch.bool:
         return False
     contiguous = target_probs.is_contiguous() and draft_probs.is_contiguous()
-    return contiguous and V <= 256 and sum_margin(target_probs.dtype, V) <= PROB_ATOL / 2
+    # one input-dtype sum per row, as the margin assumes when the block is the whole row
+    return contiguous and sum_block(V) == V and sum_margin(target_probs.dtype, V) <= PROB_ATOL / 2
 
 
 def _drafted_probs(target_probs, draft_probs, draft_tokens):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["plainly_normalised", "within_margin", "sum_margin", "SERIAL_CHUNK_ELEMENTS"]
+__all__ = ["plainly_normalised", "within_margin", "sum_margin", "sum_block", "SERIAL_CHUNK_ELEMENTS"]
 
 #: Largest element count of an ATen elementwise op or reduction that runs serially (below its
 #: parallel grain size of 32768); the CPU chunk of row-wise work with several intra-op threads.
@@ -36,7 +36,7 @@ def _gamma(n: int, u: float) -> float:
     return n * u / (1.0 - n * u) if n * u < 0.5 else float("inf")
 
 
-def _sum_block(V: int) -> int | None:
+def sum_block(V: int) -> int | None:
     """Block length m of the input-dtype partial sums of a row of V entries (m divides V), or None."""
     if V <= _SUM_BLOCK:
         return V
@@ -52,7 +52,7 @@ def sum_margin(dtype: torch.dtype, V: int) -> float:
     absolute term covers flushed subnormals.  Infinite when V has no usable block or the
     dtype is not summed here.
     """
-    m = _sum_block(V)
+    m = sum_block(V)
     if m is None or dtype not in _FAST_SUM_DTYPES:
         return float("inf")
     u, u64 = _FAST_SUM_DTYPES[dtype], 2.0**-53
@@ -93,7 +93,7 @@ def plainly_normalised(probs: torch.Tensor, atol: float) -> bool:
     margin = sum_margin(probs.dtype, V)
     if margin > atol / 2:
         return False
-    m = _sum_block(V)
+    m = sum_block(V)
     assert m is not None  # the margin is finite
     min_entry, block_sums = _min_and_block_sums(probs.view(-1, m))  # (), (N*V/m,) in the input dtype
     row_sums = block_sums if m == V else block_sums.view(-1, V // m).sum(-1, dtype=torch.float64)  # (N,)
