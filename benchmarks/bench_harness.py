@@ -16,6 +16,10 @@ each in its own process with one intra-op thread (each repeat started together; 
 aggregate rate: the ceiling that running the harness on every core at once could reach on
 this machine (the copies share nothing but the memory system).
 
+``--baseline TREE`` (with ``--processes``) also runs each configuration with another source
+tree's code (a ``git worktree`` of an earlier commit), alternating with this one's: the
+before/after ratio on one machine, which a table of absolute rates on a shared VM is not.
+
 ``--group-threads N`` runs the groups of one checked configuration (65536 rows in all) on N
 Python threads of this process, torch's intra-op threads set to 1 -- what the ``threads``
 shard backend does with a battery's groups -- and prints the aggregate rate: the in-process
@@ -58,7 +62,8 @@ def load() -> str:
     return "load {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
 
-def make_target(name: str, vocab: int, length: int) -> tables.TableModel:
+def make_target(name: str, vocab: int, length: int, tables=tables) -> tables.TableModel:
+    """The benchmark's target ``name``, built with ``tables`` (this tree's module, or a baseline tree's)."""
     if name == "positional":
         return tables.positional(vocab, length, "peaked", seed=1)
     if name == "markov":
@@ -109,14 +114,37 @@ def profile(args) -> None:
             fh.write(f"torch {torch.__version__}, {os.cpu_count()} CPUs\n" + out.getvalue())
 
 
-def _copy(target_name, drafter_name, args, barrier, queue) -> None:
+def _code(checkout: str | None):
+    """``(verify, tables, zoo, harness_setup or None, run_harness)`` of this checkout, or of ``checkout``'s source tree.
+
+    For ``--baseline``: the other tree's ``reference`` and ``specverify`` replace the ones imported
+    here (only in a ``--processes`` child, which runs nothing else).
+    """
+    if checkout is None:
+        return verify, tables, zoo, harness_setup, run_harness
+    import importlib
+    import sys
+
+    for name in [m for m in sys.modules if m.split(".")[0] in ("reference", "specverify")]:
+        del sys.modules[name]
+    sys.path.insert(0, os.path.abspath(checkout))
+    rules = importlib.import_module("reference.rules")
+    harness = importlib.import_module("specverify.verifier.harness")
+    other_tables = importlib.import_module("specverify.core.tables")
+    other_zoo = importlib.import_module("specverify.verifier.zoo")
+    return rules.verify, other_tables, other_zoo, getattr(harness, "harness_setup", None), harness.run_harness
+
+
+def _copy(target_name, drafter_name, args, barrier, queue, checkout=None) -> None:
     """One process of ``--processes``: a warm-up, then ``args.repeats`` checked runs, each started with the others."""
     torch.set_num_threads(1)
-    target = make_target(target_name, args.vocab, args.length)
+    verify, tables, zoo, harness_setup, run_harness = _code(checkout)
+    target = make_target(target_name, args.vocab, args.length, tables)
     drafter = zoo.make_drafter(drafter_name, target)
     gen = torch.Generator().manual_seed(os.getpid())
-    setup = harness_setup(target, drafter, k=args.k)  # built once, as a battery builds it once per scenario
-    common = dict(k=args.k, batch_size=args.batch, length=args.length, generator=gen, setup=setup)
+    common = dict(k=args.k, batch_size=args.batch, length=args.length, generator=gen)
+    if harness_setup is not None:  # built once, as a battery builds it once per scenario (older trees lack it)
+        common["setup"] = harness_setup(target, drafter, k=args.k)
     run_harness(verify, target, drafter, **common)  # warm-up
     for _ in range(args.repeats):
         barrier.wait()  # every copy imported, warmed up and done with the previous repeat
@@ -125,40 +153,56 @@ def _copy(target_name, drafter_name, args, barrier, queue) -> None:
         queue.put((run.num_tokens, time.perf_counter() - w0))
 
 
+def _aggregate(context, target_name, name, args, checkout) -> tuple[float, str]:
+    """Best aggregate rate of ``args.processes`` copies of one configuration, with each copy's rate in it."""
+    queue, barrier = context.Queue(), context.Barrier(args.processes)
+    procs = [
+        context.Process(target=_copy, args=(target_name, name, args, barrier, queue, checkout))
+        for _ in range(args.processes)
+    ]
+    for proc in procs:
+        proc.start()
+    best_total, best_each = 0.0, ""
+    for _ in range(args.repeats):
+        results = [queue.get() for _ in procs]
+        total = sum(n for n, _ in results) / max(s for _, s in results)
+        if total > best_total:
+            best_total, best_each = total, ", ".join(f"{n / s / 1e6:.2f}" for n, s in results)
+    for proc in procs:
+        proc.join()
+    return best_total / 1e6, best_each
+
+
 def processes(args) -> None:
     """``--processes N``: the aggregate rate of N concurrent single-threaded copies per configuration.
 
     Each repeat starts the copies' runs together (a barrier); its aggregate is their tokens over
-    the slowest copy's time.  The best repeat is printed, with each copy's rate in it.
+    the slowest copy's time.  The best repeat is printed, with each copy's rate in it.  With
+    ``--baseline TREE`` each configuration is also run with the code of another source tree
+    (e.g. a ``git worktree`` of an earlier commit), the two alternating which goes first: a
+    same-machine before/after that does not depend on how fast this machine is today.
     """
     import multiprocessing as mp
 
     context = mp.get_context("spawn")
     print(
         f"{args.processes} concurrent processes x 1 thread, B={args.batch} L={args.length} K={args.k}, checks on, "
-        f"best of {args.repeats}  [{load()}]"
+        f"best of {args.repeats}" + (f"; baseline {args.baseline}" if args.baseline else "") + f"  [{load()}]"
     )
-    for target_name in args.targets.split(","):
-        for name in args.drafters.split(","):
-            queue, barrier = context.Queue(), context.Barrier(args.processes)
-            procs = [
-                context.Process(target=_copy, args=(target_name, name, args, barrier, queue))
-                for _ in range(args.processes)
-            ]
-            for proc in procs:
-                proc.start()
-            best_total, best_each = 0.0, ""
-            for _ in range(args.repeats):
-                results = [queue.get() for _ in procs]
-                total = sum(n for n, _ in results) / max(s for _, s in results)
-                if total > best_total:
-                    best_total, best_each = total, ", ".join(f"{n / s / 1e6:.2f}" for n, s in results)
-            for proc in procs:
-                proc.join()
-            print(
-                f"{target_name + '/' + name:<28} aggregate {best_total / 1e6:5.2f} M tokens/s (each {best_each})  [{load()}]",
-                flush=True,
-            )
+    configs = [(t, d) for t in args.targets.split(",") for d in args.drafters.split(",")]
+    for i, (target_name, name) in enumerate(configs):
+        label = f"{target_name + '/' + name:<28}"
+        if not args.baseline:
+            total, each = _aggregate(context, target_name, name, args, None)
+            print(f"{label} aggregate {total:5.2f} M tokens/s (each {each})  [{load()}]", flush=True)
+            continue
+        order = [args.baseline, None] if i % 2 == 0 else [None, args.baseline]
+        rates = {checkout: _aggregate(context, target_name, name, args, checkout)[0] for checkout in order}
+        before, after = rates[args.baseline], rates[None]
+        print(
+            f"{label} baseline {before:5.2f}  this {after:5.2f} M tokens/s  ({after / before:.2f}x)  [{load()}]",
+            flush=True,
+        )
 
 
 def group_threads(args) -> None:
@@ -211,6 +255,9 @@ def main(argv=None):
     parser.add_argument("--drafters", default=",".join(zoo.ZOO), help="comma-separated zoo names (default all)")
     parser.add_argument("--checks", default="on,off", help="on, off or on,off")
     parser.add_argument("--processes", type=int, default=0, metavar="N", help="N concurrent 1-thread copies instead")
+    parser.add_argument(
+        "--baseline", metavar="TREE", help="with --processes: also run another source tree's code, alternating"
+    )
     parser.add_argument(
         "--group-threads", type=int, default=0, metavar="N", help="groups on N Python threads (torch 1 thread) instead"
     )
