@@ -62,12 +62,12 @@ def load() -> str:
     return "load {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
 
-def make_target(name: str, vocab: int, length: int, tables=tables) -> tables.TableModel:
-    """The benchmark's target ``name``, built with ``tables`` (this tree's module, or a baseline tree's)."""
+def make_target(name: str, vocab: int, length: int, module=tables) -> tables.TableModel:
+    """The benchmark's target ``name``, built by ``module`` (this tree's ``tables``, or a baseline tree's)."""
     if name == "positional":
-        return tables.positional(vocab, length, "peaked", seed=1)
+        return module.positional(vocab, length, "peaked", seed=1)
     if name == "markov":
-        return tables.markov(vocab, "peaked", seed=2)
+        return module.markov(vocab, "peaked", seed=2)
     raise SystemExit(f"--targets: unknown target {name!r} (positional, markov)")
 
 
@@ -138,9 +138,9 @@ def _code(checkout: str | None):
 def _copy(target_name, drafter_name, args, barrier, queue, checkout=None) -> None:
     """One process of ``--processes``: a warm-up, then ``args.repeats`` checked runs, each started with the others."""
     torch.set_num_threads(1)
-    verify, tables, zoo, harness_setup, run_harness = _code(checkout)
-    target = make_target(target_name, args.vocab, args.length, tables)
-    drafter = zoo.make_drafter(drafter_name, target)
+    verify, tables_module, zoo_module, harness_setup, run_harness = _code(checkout)
+    target = make_target(target_name, args.vocab, args.length, tables_module)
+    drafter = zoo_module.make_drafter(drafter_name, target)
     gen = torch.Generator().manual_seed(os.getpid())
     common = dict(k=args.k, batch_size=args.batch, length=args.length, generator=gen)
     if harness_setup is not None:  # built once, as a battery builds it once per scenario (older trees lack it)

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-import math
 import shlex
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from _results import assert_same_statistics
 
 from specverify.cli.audit import audit_command, run_audit
 from specverify.cli.commands import build_parser, main, parse_command
@@ -45,22 +45,7 @@ def _rerun(command: str) -> Report:
 
 def _same_statistics(recorded: Report, again: Report) -> None:
     assert again.verdict == recorded.verdict, f"verdict {again.verdict} != recorded {recorded.verdict}"
-    assert len(again.results) == len(recorded.results)
-    for old, new in zip(recorded.results, again.results):
-        where = f"{old.family}/{old.name} at {old.scenario}/{old.position}"
-        assert (new.family, new.name, new.scenario, new.position, new.n) == (
-            old.family,
-            old.name,
-            old.scenario,
-            old.position,
-            old.n,
-        ), where
-        for key in ("statistic", "pvalue"):
-            a, b = float(getattr(old, key)), float(getattr(new, key))
-            # the same code and seed give the same numbers; the tolerance only absorbs float summation order
-            assert (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-300), (
-                f"{where}: {key} {b!r} != recorded {a!r}"
-            )
+    assert_same_statistics(recorded.results, again.results)
 
 
 #: Report folders of real engines or libraries: the package each needs (their reruns take minutes: ``slow``).
