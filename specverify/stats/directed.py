@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 from scipy import stats as _st
+from scipy.special import gammaln
 
 from specverify.core.errors import InvalidArgument
 from specverify.core.results import TestResult
@@ -389,6 +390,23 @@ def _poisson_binomial_pmf(probs: np.ndarray) -> tuple[int, np.ndarray]:
     return offset, pmf
 
 
+def _binomial_minlike(k: int, n: int, p: float) -> float:
+    """Two-sided "minlike" p-value of k successes in n Binomial(n, p) trials, 0 < p < 1.
+
+    scipy's ``binomtest``; where it overflows (SciPy 1.17's boost ``ibeta_derivative`` does for
+    some p just above the smallest normal float64, e.g. 4.45e-308 with n = 95, but not for
+    1e-300 or the subnormal 1e-310), the same sum from the log-pmf of every outcome, with
+    binomtest's relative tolerance of 1e-7 for outcomes as likely as the observed one.
+    """
+    try:
+        return float(_st.binomtest(k, n, p).pvalue)
+    except OverflowError:
+        j = np.arange(n + 1)
+        log_pmf = gammaln(n + 1) - gammaln(j + 1) - gammaln(n - j + 1) + j * math.log(p) + (n - j) * math.log1p(-p)
+        pmf = np.exp(log_pmf)  # (n+1,)
+        return float(min(1.0, pmf[log_pmf <= log_pmf[k] + math.log1p(1e-7)].sum()))
+
+
 def acceptance_test(
     num_accepted,
     accept_probs,
@@ -464,7 +482,7 @@ def acceptance_test(
     elif kk < 0 or kk > free.size:
         pvalue, how = 0.0, "impossible count given the trials with probability 0 or 1: certain failure"
     elif np.all(free == free[0]):
-        pvalue = float(_st.binomtest(kk, free.size, float(free[0])).pvalue)
+        pvalue = _binomial_minlike(kk, free.size, float(free[0]))
         how = "exact binomial (equal probabilities), two-sided minlike"
     elif free.size <= 20000 or var < 100:
         offset, pmf = _poisson_binomial_pmf(free)

@@ -269,6 +269,25 @@ def test_acceptance_exact_paths():
         assert stats.acceptance_test(k, probs).pvalue == pytest.approx(min(1, want), rel=1e-9)
 
 
+def test_acceptance_binomial_where_scipy_overflows(monkeypatch):
+    # Hypothesis found it: equal acceptance probabilities of 4.45e-308 (tables with near-underflow
+    # entries) made scipy's binomtest raise OverflowError, so check_verifier crashed.
+    tiny = np.full(95, 4.45e-308)
+    assert stats.acceptance_test(0, tiny).pvalue == 1.0
+    assert stats.acceptance_test(1, tiny).pvalue == pytest.approx(95 * 4.45e-308, rel=1e-9)
+    assert stats.acceptance_test(2, tiny).pvalue < 1e-300
+    # the fallback is the same sum as binomtest's where binomtest works
+    cases = [(55, 80, 0.6), (3, 95, 1e-3), (1, 95, 1e-300), (200, 1000, 0.25), (0, 50, 0.3)]
+    wanted = [sps.binomtest(k, n, p).pvalue for k, n, p in cases]
+
+    def overflow(*args, **kwargs):
+        raise OverflowError("boost")
+
+    monkeypatch.setattr(stats.directed._st, "binomtest", overflow)
+    for (k, n, p), want in zip(cases, wanted):
+        assert stats.acceptance_test(k, np.full(n, p)).pvalue == pytest.approx(want, rel=1e-9)
+
+
 def test_acceptance_normal_path_close_to_exact():
     rng = np.random.default_rng(4)
     probs = rng.uniform(0.2, 0.9, 30000)
