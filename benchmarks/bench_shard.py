@@ -3,7 +3,8 @@
 Runs the reference verifier's battery (default: the standard tier, 16x the smoke samples; the
 deep tier is 32x that) as
 
-* inline: one process, one torch thread (the baseline: what one worker does), and with 2 threads;
+* inline: one process, one torch thread (the baseline: what one worker does; inline sampling
+  always runs on one torch thread since the default-parallelism change, bench_defaults.py);
 * processes: 2 local worker processes, 4 shards per worker;
 * ray: a local Ray instance of 2 CPUs, 4 shards per worker (if ray is installed);
 
@@ -53,7 +54,7 @@ def main() -> None:
     parser.add_argument("--no-ray", action="store_true")
     args = parser.parse_args()
     scenarios = [s.name for s in get_scenarios(args.scenario)]
-    configs = [("inline", None, 1, 1), ("inline, 2 threads", "inline", 1, 2), ("processes", "processes", 2, 1)]
+    configs = [("inline", "inline", 1, 1), ("processes", "processes", 2, 1)]
     if not args.no_ray:
         try:
             import ray  # noqa: F401

@@ -3,7 +3,7 @@
 Three speed knobs engines ship, written in the chain verifier protocol
 ``verify(target_probs (B,K+1,V), draft_probs (B,K,V), draft_tokens (B,K), *, generator)
 -> (tokens (B,K+1), num_emitted (B,))``, so that the suite can tell "lossy as documented"
-from "lossy and also buggy" (``shared/trees-and-lossy.md``, "Lossy rules"):
+from "lossy and also buggy" (``docs/trees-and-lossy.md``, "Lossy rules"):
 
 * :func:`ensemble_verify` -- HF ``assistant_ensemble_weight = w``: accept x with probability
   ``min(1, 1 - w + w p/q)``, residual ``norm((p - q)+)``, bonus from p.  Per position the

@@ -2,7 +2,7 @@
 
 The exact laws are checked against large seeded samples (chi-square per in-block
 position, categories = tokens + "not emitted", alpha 1e-6 per position so the suite
-never flakes) and against the closed forms of ``shared/trees-and-lossy.md``:
+never flakes) and against the closed forms of ``docs/trees-and-lossy.md``:
 ``TV = (1 - w) TV(p, q)`` for the HF ensemble rule, ``TV = S_k (1/t - 1)`` for SGLang's
 one-level thresholds.
 """

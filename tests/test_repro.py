@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from _results import assert_same_statistics
+from _results import assert_same_statistics, tolerance_for
 
 from specverify.cli.audit import audit_command, run_audit
 from specverify.cli.commands import build_parser, main, parse_command
@@ -45,7 +45,7 @@ def _rerun(command: str) -> Report:
 
 def _same_statistics(recorded: Report, again: Report) -> None:
     assert again.verdict == recorded.verdict, f"verdict {again.verdict} != recorded {recorded.verdict}"
-    assert_same_statistics(recorded.results, again.results)
+    assert_same_statistics(recorded.results, again.results, rel_tol=tolerance_for(recorded.command))
 
 
 #: Report folders of real engines or libraries: the package each needs (their reruns take minutes: ``slow``).

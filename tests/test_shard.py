@@ -243,3 +243,39 @@ def test_a_resized_scenario_runs_at_its_own_size():
     results, errors, _ = run_scenario(verify, small, tier="smoke", seed=0, alpha=1e-3)
     assert not errors
     assert {r.n for r in results if r.name == "gof" and r.position.startswith("abs=")} == {8}
+
+
+def test_default_parallelism_follows_the_tier_and_the_machine(monkeypatch):
+    """Smoke in this process; larger tiers one worker process per CPU, if the job pickles and there are several."""
+    from specverify.shard import backends
+
+    job = Job("verifier", verify, "standard", 0)
+    monkeypatch.setattr(backends, "available_cpus", lambda: 3)
+    assert backends.default_parallelism("smoke", job) == ("inline", 1)
+    assert backends.default_parallelism("standard", job) == ("processes", 3)
+    assert backends.default_parallelism("deep", job) == ("processes", 3)
+    unpicklable = Job("verifier", lambda *a, **k: verify(*a, **k), "standard", 0)
+    assert backends.default_parallelism("standard", unpicklable) == ("inline", 1)
+    monkeypatch.setattr(backends, "available_cpus", lambda: 1)
+    assert backends.default_parallelism("deep", job) == ("inline", 1)
+    assert backends.check_backend(None, None) == (None, None)
+    assert backends.check_backend("inline", None) == ("inline", 1)
+    assert backends.check_backend("threads", None) == ("threads", 1)  # one per CPU: 1 here
+    assert backends.check_backend(None, 2) == ("processes", 2)
+
+
+def test_inline_runs_on_one_torch_thread_and_restores_the_setting():
+    seen = set()
+
+    def spy(target_probs, draft_probs, draft_tokens, *, generator):
+        seen.add(torch.get_num_threads())
+        return verify(target_probs, draft_probs, draft_tokens, generator=generator)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        report = sv.check_verifier(spy, tier="smoke", seed=0, scenarios=["pos8_uniform_k4"])
+        assert report.passed and seen == {1}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

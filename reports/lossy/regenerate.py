@@ -30,7 +30,7 @@ Names (each writes ``reports/lossy/NAME/``):
   K = 2, ``medusa-tree-chain/``) for the comparison.
 
 Seeds are fixed; the same code gives the same files.  Needs the ``hf`` extra and
-``pip install --no-deps medusa-llm``.
+``pip install --no-deps medusa-llm==0.1`` (the README's install line).
 """
 
 from __future__ import annotations
@@ -462,9 +462,7 @@ def write_readme() -> None:
         "- Intervals are per stratum at 95%; the bias-corrected point estimate can sit below the lower bound under "
         "a lossy law (the null-bias correction over-corrects); the interval is the guarantee.",
         "",
-        "Install: `pip install -e '.[hf]'` and `pip install --no-deps medusa-llm` (its declared dependencies "
-        "fschat, accelerate, sentencepiece, protobuf are not needed by `medusa.model.utils`; the `medusa` extra "
-        "installs them too).",
+        'Install (one command, from the repository root; 79 s with the wheels cached): `python -m venv .venvs/medusa && . .venvs/medusa/bin/activate && pip install torch==2.13.0 && pip install -e ".[test,plots,hf]" transformers==5.24.0 && pip install --no-deps medusa-llm==0.1`. `pip check` there lists four requirements of medusa-llm 0.1 as not installed: accelerate, fschat, protobuf, sentencepiece. None is imported by `medusa.model.utils`, the only Medusa module the adapters load (it imports torch only); they serve Medusa\'s model loading, CLI and training code (the `medusa` extra would install them).',
         "",
     ]
     atomic_write_text(HERE / "README.md", "\n".join(lines))

@@ -6,6 +6,10 @@ Builds ``LLM(..., speculative_config={"method": "eagle", ...}, disable_log_stats
 the ``patch_expand`` reports), generates 200 seeded samples of 8 tokens at temperature 1 from the
 reports' first prompt, and prints vLLM's own ``vllm:spec_decode_*`` counters.  One engine per
 process: ``python reports/vllm/eagle_acceptance.py {greedy|probabilistic} [fc_bias]``.
+
+A measurement of the reports' own models, not a failure repro: it imports specverify to rebuild
+them exactly, so it runs in the vLLM virtualenv of ``reports/vllm/README.md`` (whose install line
+ends with ``pip install -e .``).  Finding 5's engine-only repro is ``repro_eagle_bias_uninitialized.py``.
 """
 
 import os

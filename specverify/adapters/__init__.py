@@ -1,6 +1,6 @@
 """Adapters that put third-party speculative-decoding implementations under test.
 
-Each submodule wraps one framework behind the protocols of ``design.md``
+Each submodule wraps one framework behind the protocols of ``docs/design.md``
 (verifier, drafter, target, decoder) and imports that framework itself, so
 ``import specverify.adapters`` never needs an optional dependency:
 

@@ -70,7 +70,7 @@ __all__ = [
 
 #: Medusa computes the entropy as ``-sum p log(p + 1e-5)``.
 ENTROPY_OFFSET = 1e-5
-INSTALL = "pip install --no-deps medusa-llm"
+INSTALL = "pip install --no-deps medusa-llm==0.1"
 NEXT_TOKEN = ("typical", "greedy")
 
 

@@ -1,6 +1,6 @@
 """OpenVINO GenAI speculative decoding (``LLMPipeline(..., draft_model=...)``) as a decoder.
 
-The decoder protocol of ``design.md``::
+The decoder protocol of ``docs/design.md``::
 
     generate(prompt (T,) long, *, num_samples, max_new_tokens, seed) -> (num_samples, max_new_tokens) long
 
@@ -63,11 +63,19 @@ __all__ = [
     "engine_version",
 ]
 
+#: One shell command, run from the repository root (the virtualenv lands in ``.venvs/openvino``).
+#: torch is pinned to the reports' 2.13.0 and taken from PyTorch's CPU wheel index (2.13.0+cpu, and
+#: a torchvision built for it); where that index is unreachable and pip is preset with a local
+#: torch 2.13.0+cpu wheel, pip takes PyPI's torchvision, a CUDA build that cannot load next to the
+#: +cpu torch (``operator torchvision::nms does not exist``) and breaks optimum's exporter, so the
+#: command removes torchvision when it cannot be imported.  optimum-intel uses it only for vision
+#: models; ``pip check`` then reports just that missing requirement.
 INSTALL = (
-    "python -m venv /work/venvs/openvino && . /work/venvs/openvino/bin/activate && pip install torch==2.13.0 && "
-    "echo torch==2.13.0 > /work/venvs/openvino/torch-pin.txt && "
-    "pip install 'openvino-genai==2026.4.*' 'optimum-intel[openvino]==2.2.*' -c /work/venvs/openvino/torch-pin.txt && "
-    'pip uninstall -y torchvision && pip install -e ".[test,plots]" torch==2.13.0'
+    "python -m venv .venvs/openvino && . .venvs/openvino/bin/activate && "
+    "pip install 'openvino-genai==2026.4.*' 'optimum-intel[openvino]==2.2.*' torch==2.13.0 "
+    "--extra-index-url https://download.pytorch.org/whl/cpu && "
+    "(python -c 'import torchvision' 2>/dev/null || pip uninstall -y torchvision) && "
+    'pip install -e ".[test,plots]"'
 )
 PIPELINES = ("llm", "continuous")
 #: ``precision="f32"``: the properties that make both models compute (and cache keys/values) in

@@ -1,6 +1,6 @@
 """End-to-end vLLM speculative decoding (``vllm.LLM(..., speculative_config=...)``) as a decoder.
 
-The decoder protocol of ``design.md``::
+The decoder protocol of ``docs/design.md``::
 
     generate(prompt (T,) long, *, num_samples, max_new_tokens, seed) -> (num_samples, max_new_tokens) long
 

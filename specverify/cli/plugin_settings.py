@@ -116,7 +116,7 @@ class Settings:
             alpha=self.alpha,
             device=self.device,
             dtype=self.dtype,
-            workers=self.workers,
+            workers=self.workers if self.workers != 1 else None,  # 1, the option's default: the audit's default
             backend=self.backend,
         )
         return audit_command(args)

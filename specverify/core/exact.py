@@ -21,7 +21,7 @@ measurably different law.
 
 A rule is a :class:`VerificationRule` (acceptance probability, residual weights,
 where the bonus token comes from); :data:`RULES` names the canonical rule and a
-few catalogued wrong ones (``shared/bugs.md``).  Inputs are renormalised in
+few catalogued wrong ones (``docs/bugs.md``).  Inputs are renormalised in
 float64 (they are validated to sum to 1 within ``PROB_ATOL``); a residual of mass
 0 falls back to the target row, as ``reference.rules.verify`` does.
 

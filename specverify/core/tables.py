@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 
 from reference.sampling import sample
+from specverify.core import portable
 from specverify.core.errors import InvalidArgument
 from specverify.core.validation import check_generator, check_int, check_probs, check_shape, check_tokens
 
@@ -56,8 +57,7 @@ def _as_table(name: str, table) -> torch.Tensor:
     check_probs(name, table, atol=TABLE_ATOL)
     if table.ndim != 2:
         raise InvalidArgument(f"{name} must have shape (contexts, V), got {tuple(table.shape)}")
-    table = table.to(torch.float64)
-    return table / table.sum(-1, keepdim=True)
+    return portable.normalise(table.to(torch.float64))
 
 
 class TableModel:
@@ -335,36 +335,35 @@ def make_rows(
     f64 = torch.float64
     if kind == "flat":
         logits = options.get("scale", 0.3) * torch.randn(num_rows, V, generator=generator, dtype=f64)
-        return torch.softmax(logits, -1)
+        return portable.softmax(logits)
     if kind in ("peaked", "topk", "topp"):
         logits = options.get("scale", 2.0) * torch.randn(num_rows, V, generator=generator, dtype=f64)
-        rows = torch.softmax(logits, -1)  # (N, V)
+        rows = portable.softmax(logits)  # (N, V)
         if kind == "topk":
             top_k = min(V, max(1, options.get("top_k", max(1, V // 4))))
             keep = rows >= rows.topk(top_k, -1).values[:, -1:]
             rows = torch.where(keep, rows, torch.zeros_like(rows))
         elif kind == "topp":
             top_p = options.get("top_p", 0.8)
-            sorted_rows, order = rows.sort(-1, descending=True)
+            sorted_rows, order = rows.sort(dim=-1, descending=True, stable=True)
             before = sorted_rows.cumsum(-1) - sorted_rows  # mass strictly before each token
             keep_sorted = before < top_p
             keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
             rows = torch.where(keep, rows, torch.zeros_like(rows))
-        return rows / rows.sum(-1, keepdim=True)
+        return portable.normalise(rows)
     if kind == "onehot":
         hot = torch.randint(V, (num_rows,), generator=generator)
         return torch.nn.functional.one_hot(hot, V).to(f64)
     if kind == "zipf":
         s = options.get("exponent", 1.1)
-        base = (torch.arange(V, dtype=f64) + 2.7) ** -s
-        perms = torch.argsort(torch.rand(num_rows, V, generator=generator), -1)  # (N, V)
-        rows = base[perms]
-        return rows / rows.sum(-1, keepdim=True)
+        base = portable.power(torch.arange(V, dtype=f64) + 2.7, -s)
+        perms = torch.argsort(torch.rand(num_rows, V, generator=generator), dim=-1, stable=True)  # (N, V)
+        return portable.normalise(base[perms])
     if kind == "dirichlet":
         conc = options.get("concentration", 0.5)
         gamma = torch._standard_gamma(torch.full((num_rows, V), float(conc), dtype=f64), generator=generator)
-        gamma[gamma.sum(-1) <= 0, 0] = 1.0
-        return gamma / gamma.sum(-1, keepdim=True)
+        gamma[portable.row_sums(gamma) <= 0, 0] = 1.0
+        return portable.normalise(gamma)
     raise InvalidArgument(f"kind must be one of {ROW_KINDS}, got {kind!r}")
 
 

@@ -29,7 +29,7 @@ run's family-wise ``alpha``.  Deterministic: same decoder, seed and tier, same r
 Tiers: ``smoke`` (<= 60 s on 2 CPU cores for the reference decoder with its tiny
 models), ``standard`` (<= 10 min), ``deep`` (sized for a GPU).
 
-References: Leviathan, Kalman & Matias (ICML 2023); Chen et al. (2023); design.md.
+References: Leviathan, Kalman & Matias (ICML 2023); Chen et al. (2023); ``docs/design.md``.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def check_decoder(
     num_samples: int | None = None,
     max_new_tokens: int | None = None,
     device=None,
-    workers: int = 1,
+    workers: int | None = None,
     backend: str | None = None,
     shards: int | None = None,
     ray_address: str | None = None,

@@ -24,7 +24,7 @@ processed conditional at every sampled prefix is computed by teacher forcing
   against the exact moments, two-sided.
 
 References: Leviathan et al. (2023) and Chen et al. (2023) for the law to be
-preserved; design.md "Statistical design" for bins, nodes and directed tests.
+preserved; ``docs/design.md`` for bins, nodes and directed tests.
 
 Shapes: N samples, L new tokens, V vocabulary, b rows of a chunk.
 """

@@ -30,7 +30,7 @@ consistent but the pipeline is lossy or its acceptance rates are off), ``"protoc
 Tiers (per prompt; prompts derived from the seed as in ``check_decoder``): ``smoke``
 <= 60 s on 2 CPU cores for a table-model drafter and target.
 
-References: Leviathan, Kalman & Matias (ICML 2023); Chen et al. (2023); design.md.
+References: Leviathan, Kalman & Matias (ICML 2023); Chen et al. (2023); ``docs/design.md``.
 """
 
 from __future__ import annotations

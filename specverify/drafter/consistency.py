@@ -2,7 +2,7 @@
 
 Speculative sampling is lossless for any drafter *provided the reported draft law q
 is the law the tokens were drawn from*.  Real drafters have broken that promise
-(``shared/bugs.md``: top-k/temperature applied to the sampling logits but not the
+(``docs/bugs.md``: top-k/temperature applied to the sampling logits but not the
 reported q, transformers #47932; greedy sampling with a softmax q, transformers
 #32867; bf16 sampling logits with an fp32 q, DeepSpec #31).  This module checks it
 directly, without a target and without a verifier.

@@ -6,7 +6,7 @@ itself with it (``specverify selftest``): a *mutant* (kind ``"verifier"``,
 scenario matching its ``needs``; an *equivalent* (kind ``"equivalent"``,
 ``"drafter_equivalent"`` or ``"decoder_equivalent"``) is correct but written
 differently (or honest but slower) and must pass.  Entries mirror bugs engines
-really shipped (``provenance``; see ``shared/bugs.md``).
+really shipped (``provenance``; see ``docs/bugs.md``).
 
 Modules: ``steps`` (the chain rule factored into parametrised steps), ``verifier``
 (verifier entries composed from them), ``uniforms`` (uniforms-in chain kernels), ``drafter`` (drafters whose reported q is not
@@ -57,6 +57,8 @@ class CatalogueEntry:
         The rule it implements, and for a mutant what is wrong with it.
     provenance : str
         The issue / PR / code base the entry mirrors, or ``"classic"`` / ``"specverify"``.
+        A mutant whose provenance does not start with ``"specverify"`` (one of the suite's
+        own bug classes) must have a row in ``docs/bugs.md`` (``tests/test_docs.py``).
     needs : str
         Mutants: the scenario that makes the loss visible (empty for equivalents).
     requires : str

@@ -1,7 +1,7 @@
 """Decoder mutants: the reference speculative decoder with one planted integration bug each.
 
 Each mutant subclasses :class:`reference.decoder.SpeculativeDecoder` and overrides one
-of its hooks, mirroring a bug real engines shipped (``shared/bugs.md``, table
+of its hooks, mirroring a bug real engines shipped (``docs/bugs.md``, table
 "Decoder (integration)").  :data:`ENTRIES` lists them with provenance and the
 sampling configuration that makes the loss visible; :func:`make_decoder_mutant`
 builds one.

@@ -1,6 +1,6 @@
 """Drafter mutants: drafters whose reported q is not the law they sample from.
 
-The drafter rows of ``shared/bugs.md``, plus three of specverify's own, each built
+The drafter rows of ``docs/bugs.md``, plus three of specverify's own, each built
 as a wrapper around a table drafter (:mod:`specverify.core.tables`) so that both the
 sampled and the reported law are known exactly:
 

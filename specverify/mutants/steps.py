@@ -18,7 +18,7 @@ the block; everything is computed in float64 except where a step's point is a lo
 precision.
 
 References: Leviathan, Kalman & Matias (ICML 2023), Algorithm 1; Chen et al. (2023),
-Algorithm 2; the bug catalogue in ``shared/bugs.md``.
+Algorithm 2; the bug catalogue in ``docs/bugs.md``.
 """
 
 from __future__ import annotations

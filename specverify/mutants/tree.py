@@ -1,4 +1,4 @@
-"""Tree-verifier mutants: the tree bugs of ``shared/bugs.md`` as deliberately wrong verifiers.
+"""Tree-verifier mutants: the tree bugs of ``docs/bugs.md`` as deliberately wrong verifiers.
 
 Every entry is a uniforms-in kernel ``kernel(target_probs, draft_probs, tokens, parents, *,
 mode, coins, final_coins)`` wrapped by

@@ -117,7 +117,7 @@ def _mutant(name, description, provenance, needs, **overrides):
 
 # fmt: off
 ENTRIES: tuple[CatalogueEntry, ...] = (
-    # ---- bugs.md, verifier table
+    # ---- docs/bugs.md, verifier table
     _mutant("always_accept", "u = 0: every draft with p(x) > 0 is accepted, so the block is the draft (output = q)",
             "vllm-ascend #13730 (u = 0)", "any", uniforms=S.zero_uniforms),
     _mutant("inverted_ratio", "accept iff u < min(1, q(x)/p(x)) (ratio upside down); canonical residual",
@@ -138,7 +138,7 @@ ENTRIES: tuple[CatalogueEntry, ...] = (
        "mlx-swift-lm PR #459", "T > 0 (target not one-hot)"),
     _mutant("bonus_from_residual", "after all K accepted, bonus ~ r_K = (p_K - q_K)+ instead of p_{K+1}",
             "EAGLE PR #47", "all-accept path, K >= 1", bonus=S.bonus_residual),
-    _mutant("bonus_wrong_row", "after all K accepted, bonus ~ p_K instead of p_{K+1}", "bugs.md (no issue)",
+    _mutant("bonus_wrong_row", "after all K accepted, bonus ~ p_K instead of p_{K+1}", "docs/bugs.md (no issue)",
             "position-dependent p", bonus=S.bonus_same_row),
     _mutant("shared_uniform", "one uniform per row reused at every position of the block",
             "LLMSpeculativeSampling (reseeds before each draw)", "K >= 2", uniforms=S.row_shared_uniforms),
@@ -146,7 +146,7 @@ ENTRIES: tuple[CatalogueEntry, ...] = (
             "lattice #243", "any", accept=S.first_always_accepted(S.accept_ratio)),
     _mutant("late_rejection", "on rejection at i, emit a draw from p_{i+1} (the target conditioned on the rejected "
             "draft) instead of the residual of p_i", "openvino.genai #4190",
-            "any p != q, K >= 1 (bugs.md: K >= 2, context-dependent p, where it is also visible)",
+            "any p != q, K >= 1 (docs/bugs.md: K >= 2, context-dependent p, where it is also visible)",
             residual=S.residual_target, residual_offset=1),
     _mutant("continue_after_reject", "acceptances after the first rejection are counted too (n = sum of accepted "
             "flags, not the accepted prefix): rejected drafts are emitted and the residual lands later",
@@ -192,10 +192,10 @@ ENTRIES: tuple[CatalogueEntry, ...] = (
     _M("canonical", "equivalent", canonical, "the reference rule: accept iff u q(x) < p(x), residual (p - q)+, "
        "bonus p_{K+1}", "reference.rules.verify"),
     _M("accept_le", "equivalent", _composed("accept_le", "accept iff u <= p/q", accept=S.accept_ratio_le),
-       "accept iff u <= p(x)/q(x) instead of u q(x) < p(x) (differs only on a set of probability 0)", "bugs.md"),
+       "accept iff u <= p(x)/q(x) instead of u q(x) < p(x) (differs only on a set of probability 0)", "docs/bugs.md"),
     _M("sample_and_match", "equivalent", sample_and_match,
        "y_i ~ p_i at every position; accept while x_i == y_i; emit y at the first mismatch (or y_{K+1})",
-       "bugs.md", requires="one-hot q (deterministic drafter); with a stochastic q the output law is still exact "
+       "docs/bugs.md", requires="one-hot q (deterministic drafter); with a stochastic q the output law is still exact "
        "but acceptance is sum p q < sum min(p, q), which the acceptance-consistency test flags"),
     _M("exponential_race", "equivalent",
        _composed("exponential_race", "residual/bonus by argmax(w / Exp(1))", draw=S.draw_exponential_race),
@@ -204,7 +204,7 @@ ENTRIES: tuple[CatalogueEntry, ...] = (
        _composed("residual_over_overlap", "residual (p-q)+ / (1 - sum min(p,q)), inverse CDF assuming sum 1",
                  residual=S.residual_over_overlap, draw=S.draw_icdf_assume_normalised),
        "residual (p - q)+ normalised by 1 - sum min(p, q), drawn by an inverse CDF that assumes a normalised row",
-       "bugs.md", requires="normalised p and q (row sums 1 within ~1e-6)"),
+       "docs/bugs.md", requires="normalised p and q (row sums 1 within ~1e-6)"),
     _M("pointmass_fallback", "equivalent", pointmass_fallback,
        "vLLM's no-draft-probs path: accept iff u < p(x), residual p with x removed, i.e. the canonical rule for "
        "q = onehot(x) whatever q was; P(y) = p(y) q(y) + p(y) (1 - q(y)) = p(y), so the law is exact for any q",
@@ -212,6 +212,6 @@ ENTRIES: tuple[CatalogueEntry, ...] = (
        "the output law is still exact but acceptance is sum p q < sum min(p, q), which the acceptance-consistency "
        "test flags"),
     _M("no_bonus", "equivalent", _composed("no_bonus", "no bonus token", emitted=S.emitted_no_bonus),
-       "when all K drafts are accepted, emit the K drafts only (num_emitted = K)", "bugs.md"),
+       "when all K drafts are accepted, emit the K drafts only (num_emitted = K)", "docs/bugs.md"),
 )
 # fmt: on

@@ -4,7 +4,7 @@ The selftest measures how many emitted tokens the battery needs to kill a mutant
 benchmark for that number is the Neyman-Pearson optimum: the likelihood-ratio (LR) test
 of the simple null "tokens follow the target law p" against the simple alternative
 "tokens follow the mutant's law m", which no test can beat at the same level and power
-(Neyman & Pearson 1933).  design.md aims for the battery to be within 2x of it.
+(Neyman & Pearson 1933).  ``docs/design.md`` aims for the battery to be within 2x of it.
 
 Derivation (normal approximation).  With n i.i.d. observations x_i and
 ``l(x) = log m(x) / p(x)``, the LR test rejects when ``S_n = sum_i l(x_i) > c``.  By the
@@ -43,8 +43,8 @@ stratum (k tokens, n_s draws); ``mc_floor`` reports that bias and ``mc_limited``
 limits where it exceeds 10% of the signal ``mu1 - mu0``.
 
 References: J. Neyman and E. S. Pearson, "On the problem of the most efficient tests of
-statistical hypotheses", Phil. Trans. R. Soc. A 231 (1933); design.md ("Statistical
-efficiency").
+statistical hypotheses", Phil. Trans. R. Soc. A 231 (1933); ``docs/design.md`` ("The suite
+tests itself": statistical efficiency).
 """
 
 from __future__ import annotations

@@ -32,8 +32,10 @@ running shards to finish.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 
@@ -42,7 +44,7 @@ from specverify.core.validation import check_int
 from specverify.shard.plan import Shard
 from specverify.shard.work import Job, ShardOutput, run_shard
 
-__all__ = ["BACKENDS", "ShardError", "execute", "check_backend"]
+__all__ = ["BACKENDS", "ShardError", "available_cpus", "check_backend", "default_parallelism", "execute"]
 
 BACKENDS = ("inline", "threads", "processes", "ray")
 RAY_INSTALL = "pip install 'specverify[ray]'  (or: pip install ray)"
@@ -52,8 +54,17 @@ class ShardError(SpecVerifyError):
     """A shard kept failing for reasons outside the implementation (its retries are spent)."""
 
 
-def check_backend(backend, workers) -> tuple[str, int]:
-    """``(backend, workers)`` validated; ``backend=None`` means inline for 1 worker, processes otherwise."""
+def check_backend(backend, workers) -> tuple[str | None, int | None]:
+    """``(backend, workers)`` validated.
+
+    ``backend=None`` means inline for 1 worker and processes for more; with ``workers=None`` too
+    the choice is left to :func:`default_parallelism` (``(None, None)``); a backend other than
+    inline with ``workers=None`` gets one worker per CPU this process may use.
+    """
+    if workers is None:
+        if backend is None:
+            return None, None
+        workers = 1 if backend == "inline" else available_cpus()
     workers = check_int("workers", workers, minimum=1)
     if backend is None:
         backend = "inline" if workers == 1 else "processes"
@@ -62,6 +73,43 @@ def check_backend(backend, workers) -> tuple[str, int]:
     if backend == "inline" and workers != 1:
         raise InvalidArgument(f"backend 'inline' runs in this process: workers must be 1, got {workers}")
     return backend, workers
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+#: Tiers whose default is one worker process per CPU (the smoke tier stays in this process).
+PROCESS_TIERS = frozenset({"standard", "deep"})
+
+
+def default_parallelism(tier: str, job: Job) -> tuple[str, int]:
+    """``(backend, workers)`` of a run that names neither: chosen from measurement.
+
+    On 2 cores (benchmarks/README.md, "Default parallelism"), the reference verifier's smoke
+    tier takes 13.2 s inline on one torch thread and 12.8 s on 2 worker processes when the
+    machine is idle, 11.1 s and 18.5 s with another process holding a core (the workers' start
+    costs more than they save); the standard tier 66.7 s inline and 49.2 s on 2 processes idle,
+    62.8 s and 65.4 s with a core busy.  So: the smoke tier in this process (one torch thread,
+    see :func:`_one_torch_thread`), larger tiers on one worker process per CPU this process may
+    use, when there are several and the job can be pickled (otherwise in this process).
+    """
+    cpus = available_cpus()
+    if tier in PROCESS_TIERS and cpus > 1 and _picklable(job):
+        return "processes", cpus
+    return "inline", 1
+
+
+def _picklable(job: Job) -> bool:
+    try:
+        _check_picklable(job)
+    except InvalidArgument:
+        return False
+    return True
 
 
 def execute(
@@ -81,12 +129,16 @@ def execute(
     ShardError
         A shard failed more than ``retries`` times for infrastructure reasons.
     """
-    backend, workers = check_backend(backend, workers)
+    checked_backend, checked_workers = check_backend(backend, workers)
+    if checked_backend is None or checked_workers is None:
+        raise InvalidArgument("execute needs a backend or a number of workers (collect_runs chooses the default)")
+    backend, workers = checked_backend, checked_workers
     retries = check_int("retries", retries, minimum=0)
     if backend == "inline":
-        for shard in shards:
-            if on_output(run_shard(job, shard)):
-                break
+        with _one_torch_thread():
+            for shard in shards:
+                if on_output(run_shard(job, shard)):
+                    break
         return []
     if backend == "threads":
         return _threads(job, shards, workers, on_output)
@@ -127,24 +179,39 @@ class _Attempts:
             raise ShardError(f"shard {shard.index} failed {attempt} times; last: {text}") from error
 
 
-def _threads(job, shards, workers, on_output) -> list[dict]:
-    """Shards on ``workers`` threads of this process; ``on_output`` is called in this thread, in completion order."""
+@contextlib.contextmanager
+def _one_torch_thread():
+    """torch's intra-op threads set to 1 for the block (restored after), as in a worker process.
+
+    Measured (benchmarks/README.md, "Default parallelism"): on 2 idle cores the sampling runs as
+    fast on one thread as on two (the harness is bound by memory bandwidth), and with another
+    process holding a core two OpenMP threads wait on a descheduled thread, 3.4x slower at the
+    smoke tier.  The implementation under test runs inside this block, on one thread too.
+    """
     import torch
 
     previous = torch.get_num_threads()
-    torch.set_num_threads(1)  # as in a worker process: each shard's operators run serially
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="specverify-shard")
+    torch.set_num_threads(1)
     try:
-        pending = {pool.submit(run_shard, job, shard) for shard in shards}
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for future in done:
-                if on_output(future.result()):  # a decisive stop: the shards not started are cancelled
-                    return []
-        return []
+        yield
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)  # running shards finish: a thread cannot be killed
         torch.set_num_threads(previous)
+
+
+def _threads(job, shards, workers, on_output) -> list[dict]:
+    """Shards on ``workers`` threads of this process; ``on_output`` is called in this thread, in completion order."""
+    with _one_torch_thread():  # as in a worker process: each shard's operators run serially
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="specverify-shard")
+        try:
+            pending = {pool.submit(run_shard, job, shard) for shard in shards}
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    if on_output(future.result()):  # a decisive stop: the shards not started are cancelled
+                        return []
+            return []
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)  # running shards finish: a thread cannot be killed
 
 
 def _init_worker() -> None:

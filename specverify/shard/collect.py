@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from specverify.core.errors import InvalidArgument
 from specverify.core.validation import check_int
-from specverify.shard.backends import check_backend, execute
+from specverify.shard.backends import check_backend, default_parallelism, execute
 from specverify.shard.plan import plan_shards
 from specverify.shard.work import (
     Analysed,
@@ -87,11 +87,12 @@ class Collected:
 class Parallel:
     """How a battery's sampling runs execute: shard plan, backend, workers, retries, anytime stopping.
 
-    The defaults run everything in this process; the statistics never depend on these options
+    The defaults (``workers=None``, ``backend=None``) let :func:`~specverify.shard.backends.default_parallelism`
+    choose by tier and machine; the statistics never depend on these options
     (only ``until_decisive`` changes the report: the anytime e-processes and their alpha share).
     """
 
-    workers: int = 1
+    workers: int | None = None
     backend: str | None = None
     shards: int | None = None
     ray_address: str | None = None
@@ -135,7 +136,11 @@ def collect_runs(
     scenarios it did not complete are left out of ``runs``.
     """
     parallel = Parallel() if parallel is None else parallel
-    backend, workers = check_backend(parallel.backend, parallel.workers)  # as Parallel resolved them
+    given_backend, given_workers = check_backend(parallel.backend, parallel.workers)  # as Parallel resolved them
+    if given_backend is None or given_workers is None:
+        backend, workers = default_parallelism(tier, job)
+    else:
+        backend, workers = given_backend, given_workers
     ray_address = parallel.ray_address
     if job.kind != "task":  # the workers run these very scenarios, not the registry's namesakes
         own = tuple(s for s in scenarios if not _registered(job.kind, s))
@@ -279,7 +284,7 @@ def run_battery(job: Job, scenarios: Sequence, *, tier: str, alpha: float, paral
         graded += stats.grade(stopper.results(), alpha=alpha * SHARE)
         planned = sum(s.num_groups(tier) * s.batch_size * s.length for s in scenarios)
         extra["anytime"] = stopper.record(planned)
-    if not parallel.default:
+    if not parallel.default or collected.record.get("backend") != "inline":  # asked for, or chosen by default
         extra["sharding"] = collected.record
     timings = {**collected.seconds}
     if progress is not None:

@@ -5,7 +5,7 @@ anytime-valid e-processes.  Every test returns a :class:`specverify.core.results
 Modules: :mod:`.binning` (bins fixed from p and N), :mod:`.gof` (Cressie-Read GOF,
 support), :mod:`.sparse` (the most extreme token; ``gof_pair`` runs both), :mod:`.twosample`, :mod:`.directed` (PIT, scores, acceptance),
 :mod:`.independence` (collisions), :mod:`.power` (detectable TV), :mod:`.budget`
-(weighted Holm, grades), :mod:`.eprocess`.  See design.md, "Statistical design".
+(weighted Holm, grades), :mod:`.eprocess`.  See docs/design.md.
 """
 
 from ._common import cressie_read

@@ -104,20 +104,30 @@ def check_e_min(value) -> float:
     return value
 
 
-def cressie_read(observed: np.ndarray, expected: np.ndarray, lambda_: float = CR_LAMBDA) -> float:
-    """Cressie-Read power divergence 2/(l(l+1)) sum O((O/E)^l - 1) for sum O == sum E.
+def cressie_read_terms(observed: np.ndarray, expected: np.ndarray, lambda_: float = CR_LAMBDA) -> np.ndarray:
+    """The non-negative cell terms ``2/(l(l+1)) [O((O/E)^l - 1) - l (O - E)]`` of :func:`cressie_read`.
 
-    Written as a sum of non-negative terms ``O((O/E)^l - 1) - l (O - E)`` (the added
-    terms sum to zero when the totals agree), so no cancellation between cells; equals
-    ``scipy.stats.power_divergence(O, E, lambda_="cressie-read")`` for equal totals.
+    The added ``- l (O - E)`` sums to zero when the totals agree, so no cancellation between
+    cells.  Each cell's ``log`` and ``expm1`` are the C library's scalar functions (bins are
+    few), not numpy's vector kernels, whose last bits depend on the CPU: the terms are the same
+    on every machine (docs/reproducibility.md).
     """
     observed = np.asarray(observed, dtype=np.float64)
     expected = np.asarray(expected, dtype=np.float64)
-    pos = observed > 0
     terms = lambda_ * (expected - observed)  # the O = 0 cells contribute l E
-    ratio = np.log(observed[pos] / expected[pos])
-    terms[pos] += observed[pos] * np.expm1(lambda_ * ratio)
-    return float(2.0 / (lambda_ * (lambda_ + 1.0)) * np.sum(np.maximum(terms, 0.0)))
+    for i in np.flatnonzero(observed > 0):
+        o, e = float(observed[i]), float(expected[i])
+        terms[i] += o * math.expm1(lambda_ * math.log(o / e))
+    return np.maximum(terms, 0.0) * (2.0 / (lambda_ * (lambda_ + 1.0)))
+
+
+def cressie_read(observed: np.ndarray, expected: np.ndarray, lambda_: float = CR_LAMBDA) -> float:
+    """Cressie-Read power divergence 2/(l(l+1)) sum O((O/E)^l - 1) for sum O == sum E.
+
+    The correctly rounded sum (``math.fsum``) of :func:`cressie_read_terms`; equals
+    ``scipy.stats.power_divergence(O, E, lambda_="cressie-read")`` for equal totals.
+    """
+    return math.fsum(cressie_read_terms(observed, expected, lambda_).tolist())
 
 
 def result_options(name: str, scenario: str, position: str) -> dict:

@@ -10,7 +10,7 @@ a leftover tail chunk below e_min joins the previous bin.  Tokens with p = 0 get
 no bin (``token_to_bin == -1``): emitting one is a support failure, tested apart.
 
 References: W. G. Cochran (1954), "Some methods for strengthening the common
-chi-square tests", Biometrics 10 (the expected-count rule of thumb); design.md.
+chi-square tests", Biometrics 10 (the expected-count rule of thumb); docs/design.md.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from scipy import stats as _st
 from specverify.core.errors import InvalidArgument
 from specverify.core.results import TestResult
 
-from ._common import as_counts, as_float_array, check_alpha, cressie_read, result_options
+from ._common import as_counts, as_float_array, check_alpha, cressie_read, cressie_read_terms, result_options
 from .binning import Bins, bin_counts, make_bins
 from .power import min_detectable_tv
 
@@ -73,13 +73,6 @@ def binned_details(
             for b in worst
         ]
     return details
-
-
-def _cr_contributions(observed, expected, lambda_=2.0 / 3.0):
-    terms = lambda_ * (expected - observed)
-    pos = observed > 0
-    terms[pos] += observed[pos] * np.expm1(lambda_ * np.log(observed[pos] / expected[pos]))
-    return np.maximum(terms, 0.0) * 2.0 / (lambda_ * (lambda_ + 1.0))
 
 
 def gof_test(
@@ -175,7 +168,7 @@ def gof_test(
     stat = cressie_read(observed, expected)
     df = nb - 1
     pvalue = float(_st.chi2.sf(stat, df))
-    details = binned_details(bins, observed, expected, _cr_contributions(observed.astype(float), expected.copy()))
+    details = binned_details(bins, observed, expected, cressie_read_terms(observed, expected))
     details.update(mde_n=n, e_min=bins.e_min, dropped_zero_prob=dropped, power=power)
     return TestResult(
         statistic=stat,

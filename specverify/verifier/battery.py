@@ -10,7 +10,7 @@ under test on exact table models; :func:`analyse_run` turns the run into tests:
   conditionals: a valid, conservative conditional test) and per context node with
   enough expected visits (the first ``m`` visits in (position, row) order, ``m``
   fixed from expected visits only, are i.i.d. from the node's row);
-* ``directed`` -- randomised PIT ordered by p and by log(q/p), entropy and ratio
+* ``directed`` -- randomised PIT ordered by p and by q/p, entropy and ratio
   scores (mean 0 under H0), on a capped prefix of rows;
 * ``acceptance`` per in-block position -- accepted drafts vs the exact per-trial
   probabilities sum_x min(p, q);
@@ -325,7 +325,7 @@ def check_verifier(
     implementation: str | None = None,
     device=None,
     dtype=None,
-    workers: int = 1,
+    workers: int | None = None,
     backend: str | None = None,
     shards: int | None = None,
     ray_address: str | None = None,
@@ -371,6 +371,9 @@ def check_verifier(
         ``ray_address`` names a cluster), ``shards`` pieces (default 4 per worker).  The statistics and the
         verdict are the same for every choice: each group of rows is seeded from (seed,
         scenario, group).  A lost worker's shard is retried (``report.extra["sharding"]``).
+        With neither ``workers`` nor ``backend`` given, the smoke tier runs in this process on
+        one torch thread and larger tiers on one worker process per CPU this process may use
+        (:func:`specverify.shard.backends.default_parallelism`, chosen from measurement).
     until_decisive : bool
         Anytime stopping (:mod:`specverify.shard.anytime`): e-processes get 10% of alpha and
         the run stops at the first decisive one (``report.extra["anytime"]`` says how many

@@ -6,7 +6,7 @@ length and the number of batches (per tier).  Tables are seeded from the
 scenario's name only, so a scenario is the same object in every run; the run's
 sampling seed is derived from ``(seed, name)`` by :func:`scenario_seed`.
 
-Which scenario exposes which verifier bug of ``shared/bugs.md`` (the
+Which scenario exposes which verifier bug of ``docs/bugs.md`` (the
 mutants the smoke tier must catch; most bugs are seen by several scenarios):
 
 =============================  ====================================================================
@@ -52,7 +52,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from specverify.core import tables
+from specverify.core import portable, tables
 from specverify.core.errors import InvalidArgument
 from specverify.verifier import zoo
 
@@ -163,7 +163,7 @@ def _tie_top_two(table: torch.Tensor) -> torch.Tensor:
     top = table.topk(2, -1)
     tied = table.clone()
     tied.scatter_(-1, top.indices[:, 1:], top.values[:, :1])
-    return tied / tied.sum(-1, keepdim=True)
+    return portable.normalise(tied)
 
 
 S = Scenario

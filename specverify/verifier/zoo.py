@@ -27,13 +27,14 @@ name                q (per context of the target unless stated)
 ==================  ====================================================================
 
 References: Leviathan et al. 2023 (losslessness for any q); the stale / point-mass
-drafters mirror real bugs catalogued in ``shared/bugs.md``.
+drafters mirror real bugs catalogued in ``docs/bugs.md``.
 """
 
 from __future__ import annotations
 
 import torch
 
+from specverify.core import portable
 from specverify.core.errors import InvalidArgument
 from specverify.core.tables import FSMTable, PositionalCategorical, TableModel
 
@@ -79,7 +80,9 @@ def argmax(target: TableModel, *, sigma: float = 1.0, seed: int = 0) -> TableMod
     """Point mass on the argmax of ``log p + sigma * noise`` restricted to p's support (greedy drafter)."""
     gen = torch.Generator().manual_seed(seed)
     noise = torch.randn(target.table.shape, generator=gen, dtype=torch.float64)
-    logits = torch.where(target.table > 0, target.table.log() + sigma * noise, torch.full_like(noise, -float("inf")))
+    logits = torch.where(
+        target.table > 0, portable.log(target.table) + sigma * noise, torch.full_like(noise, -float("inf"))
+    )
     return target.with_table(
         torch.nn.functional.one_hot(logits.argmax(-1), target.vocab_size).to(torch.float64), name="argmax"
     )
@@ -88,8 +91,10 @@ def argmax(target: TableModel, *, sigma: float = 1.0, seed: int = 0) -> TableMod
 def disjoint(target: TableModel) -> TableModel:
     """Uniform over the tokens where p = 0; rows of full support fall back to the least likely token."""
     zeros = (target.table == 0).to(torch.float64)  # (C, V)
-    has = zeros.sum(-1, keepdim=True) > 0
-    rows = torch.where(has, zeros / zeros.sum(-1, keepdim=True).clamp_min(1), _least_likely_onehot(target.table))
+    has = portable.row_sums(zeros, keepdim=True) > 0
+    rows = torch.where(
+        has, zeros / portable.row_sums(zeros, keepdim=True).clamp_min(1), _least_likely_onehot(target.table)
+    )
     return target.with_table(rows, name="disjoint")
 
 
@@ -98,7 +103,7 @@ def anti_inverse(target: TableModel) -> TableModel:
     table = target.table
     inv = torch.where(table > 0, 1.0 / table.clamp_min(1e-300), torch.zeros_like(table))
     inv = inv / inv.max(-1, keepdim=True).values  # avoid overflow before normalising
-    return target.with_table(inv / inv.sum(-1, keepdim=True), name="anti_inverse")
+    return target.with_table(portable.normalise(inv), name="anti_inverse")
 
 
 def anti_complement(target: TableModel) -> TableModel:
@@ -106,8 +111,8 @@ def anti_complement(target: TableModel) -> TableModel:
     comp = 1.0 - target.table
     if target.vocab_size == 1:
         comp = torch.ones_like(comp)
-    comp = torch.where(comp.sum(-1, keepdim=True) > 0, comp, torch.ones_like(comp))
-    return target.with_table(comp / comp.sum(-1, keepdim=True), name="anti_complement")
+    comp = torch.where(portable.row_sums(comp, keepdim=True) > 0, comp, torch.ones_like(comp))
+    return target.with_table(portable.normalise(comp), name="anti_complement")
 
 
 def temperature(target: TableModel, tau: float = 2.0) -> TableModel:
@@ -115,15 +120,15 @@ def temperature(target: TableModel, tau: float = 2.0) -> TableModel:
     if not tau > 0:
         raise InvalidArgument(f"tau must be > 0, got {tau!r}")
     table = target.table
-    logp = torch.where(table > 0, table.log(), torch.full_like(table, -float("inf")))
-    return target.with_table(torch.softmax(logp / tau, -1), name=f"temperature{tau:g}")
+    logp = torch.where(table > 0, portable.log(table), torch.full_like(table, -float("inf")))
+    return target.with_table(portable.softmax(logp / tau), name=f"temperature{tau:g}")
 
 
 def noisy(target: TableModel, sigma: float = 0.5, *, eps: float = 1e-3, seed: int = 0) -> TableModel:
     """softmax(log(p + eps) + sigma * N(0, 1)) per context (seeded): near p with full support."""
     gen = torch.Generator().manual_seed(seed)
     noise = torch.randn(target.table.shape, generator=gen, dtype=torch.float64)
-    return target.with_table(torch.softmax((target.table + eps).log() + sigma * noise, -1), name=f"noisy{sigma:g}")
+    return target.with_table(portable.softmax(portable.log(target.table + eps) + sigma * noise), name=f"noisy{sigma:g}")
 
 
 def adversary(target: TableModel, eps: float = 0.1) -> TableModel:

@@ -13,10 +13,12 @@ records the command line that reproduces it:
   assisted decoding (:func:`tiny_greedy_assisted_decoder`), and a lossy negative control
   (``assistant_ensemble_weight``) that must fail,
 
-and writes each report to ``out_dir/<config>/report.{json,md,html}``, two reproducer scripts
-for findings of code reading (:mod:`specverify.cli.examples.hf_findings`, executed in-process
-so their output lands in the README) and a generated ``out_dir/README.md``
-(:mod:`specverify.cli.examples.hf_readme`).
+and writes each report to ``out_dir/<config>/report.{json,md,html}``, runs the reproducer
+scripts of the findings of code reading (``reports/hf-transformers/repro_*.py``, copied to
+``out_dir`` when it is elsewhere; :mod:`specverify.cli.examples.hf_findings`) so their output
+lands in the README, and writes a generated ``out_dir/README.md``
+(:mod:`specverify.cli.examples.hf_readme`).  ``--readme-only`` rewrites the README from the
+reports already in ``out_dir`` (and reruns the scripts) without rerunning the audits.
 
 The models are the offline tiny Llama pair of :mod:`specverify.adapters.hf_models`
 (V = 32, target 2 layers, assistant = its first layer: same tokenizer), weights seed
@@ -28,13 +30,15 @@ Regenerate: ``python -m specverify.cli.examples.hf --out reports/hf-transformers
 8 minutes on 2 CPU cores; ``--quick`` takes seconds).
 
 References: Leviathan, Kalman & Matias (ICML 2023); transformers ``generation/utils.py``
-(``_assisted_decoding``, ``_speculative_sampling``); design.md; bugs.md.
+(``_assisted_decoding``, ``_speculative_sampling``); docs/design.md; docs/bugs.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -55,7 +59,7 @@ from specverify.cli.examples.hf_config import (
     decoder_argv,
     kernel_argv,
 )
-from specverify.cli.examples.hf_findings import REPRO_SCRIPTS, run_repro
+from specverify.cli.examples.hf_findings import REPRO_SCRIPTS, repro_source, run_repro
 from specverify.cli.examples.hf_readme import render_readme, summarise
 from specverify.core.errors import InvalidArgument
 from specverify.report.io import atomic_write_text
@@ -177,6 +181,22 @@ def _size_text(job: Job, report, max_new_tokens: int) -> str:
     return f"{n} samples x {max_new_tokens} new tokens per prompt, {len(report.scenarios)} prompts"
 
 
+def _recorded_runtime(out_dir: Path, reports) -> tuple[float, bool]:
+    """``--readme-only``: the total runtime the README being rewritten states, else the reports' runtimes summed.
+
+    Returns ``(seconds, summed)``.
+    """
+    readme = out_dir / "README.md"
+    found = re.search(r"total runtime (\d+) s", readme.read_text()) if readme.exists() else None
+    if found and "runtimes summed" not in readme.read_text():
+        return float(found.group(1)), False
+    return sum(float(r.timings.get("total", 0.0)) for _, r in reports), True
+
+
+def _recorded_size(report) -> str:
+    return str((report.extra.get("hf_audit") or {}).get("sizes", "?"))
+
+
 def _command(out_dir, seed: int, tier: str, quick: bool, configs) -> str:
     cmd = f"python -m specverify.cli.examples.hf --out {out_dir} --seed {seed} --tier {tier}"
     if quick:
@@ -186,11 +206,13 @@ def _command(out_dir, seed: int, tier: str, quick: bool, configs) -> str:
     return cmd
 
 
-def _run_findings(out_dir: Path, say) -> dict[str, str]:
+def _run_findings(out_dir: Path, say) -> dict[str, tuple[str, int]]:
+    """Run every repro script from ``out_dir`` (copied there from the checkout if needed): (output, exit status)."""
     outputs = {}
-    for script, source in REPRO_SCRIPTS.items():
-        path = out_dir / script
-        atomic_write_text(path, source)
+    for script in REPRO_SCRIPTS:
+        source, path = repro_source(script), out_dir / script
+        if not path.exists() or not path.samefile(source):
+            shutil.copyfile(source, path)
         say(f"{script}: running")
         outputs[script] = run_repro(path)
     return outputs
@@ -206,6 +228,7 @@ def generate_hf_reports(
     configs=None,
     alpha: float = 1e-3,
     progress=None,
+    readme_only: bool = False,
 ) -> list:
     """Run the HF audit and write its reports and README; return ``[(name, Report), ...]``.
 
@@ -227,9 +250,13 @@ def generate_hf_reports(
         Family-wise false-alarm rate of each report.
     progress : callable, optional
         ``progress(message)`` before each stage.
+    readme_only : bool
+        Load the reports already in ``out_dir`` instead of running the audits, rerun the repro
+        scripts and rewrite the README (keeping the total runtime it states; else the reports'
+        runtimes summed).
     """
     from specverify.cli.commands import audit_report
-    from specverify.report import write_report
+    from specverify.report import load_report, write_report
 
     jobs, sizes = audit_jobs(seed=seed, tier=tier, alpha=alpha, quick=quick, configs=configs)
     out_dir = Path(out_dir)
@@ -239,6 +266,11 @@ def generate_hf_reports(
     started = time.perf_counter()
     reports, rows = [], []
     for job in jobs:
+        if readme_only:
+            report = load_report(out_dir / job.name / "report.json")
+            reports.append((job.name, report))
+            rows.append(summarise(job.name, report, what=job.what, expect=job.expect, sizes=_recorded_size(report)))
+            continue
         say(f"{job.name}: specverify audit {' '.join(job.argv)}")
         report = audit_report(job.argv)
         size_text = _size_text(job, report, sizes["max_new_tokens"])
@@ -251,6 +283,9 @@ def generate_hf_reports(
         reports.append((job.name, report))
         rows.append(summarise(job.name, report, what=job.what, expect=job.expect, sizes=size_text))
         say(f"{job.name}: {report.verdict} in {report.timings.get('total', 0.0):.0f} s")
+    total_seconds, summed = (
+        _recorded_runtime(out_dir, reports) if readme_only else (time.perf_counter() - started, False)
+    )
     readme = render_readme(
         rows,
         command=command,
@@ -259,8 +294,9 @@ def generate_hf_reports(
         alpha=alpha,
         quick=quick,
         sizes=sizes,
-        total_seconds=time.perf_counter() - started,
+        total_seconds=total_seconds,
         repro_outputs=_run_findings(out_dir, say),
+        runtimes_summed=summed,
     )
     atomic_write_text(out_dir / "README.md", readme)
     return reports
@@ -275,6 +311,9 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes and a subset of configs (seconds)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots in report.html")
     parser.add_argument("--config", action="append", metavar="NAME", help="run only this config (repeatable)")
+    parser.add_argument(
+        "--readme-only", action="store_true", help="rewrite README.md from the reports in --out (no audit rerun)"
+    )
     args = parser.parse_args(argv)
     start = time.perf_counter()
 
@@ -290,6 +329,7 @@ def main(argv=None) -> int:
             plots=not args.no_plots,
             configs=args.config,
             progress=say,
+            readme_only=args.readme_only,
         )
     except InvalidArgument as error:
         print(f"error: {error}", file=sys.stderr)

@@ -15,7 +15,7 @@ import torch
 
 from specverify.adapters.hf import TRANSFORMERS_VERSION
 from specverify.cli.examples.hf_config import KERNEL_NAME, MODEL_SEED, QUICK_SCENARIOS, VOCAB_SIZE
-from specverify.cli.examples.hf_findings import FINDINGS
+from specverify.cli.examples.hf_findings import FINDINGS, REPRO_INSTALL, UPSTREAM_CHECKED
 
 __all__ = ["summarise", "render_readme"]
 
@@ -139,7 +139,19 @@ def _found(rows: list[dict]) -> list[str]:
 # ---------------------------------------------------------------------------- README sections
 
 
-def _header(*, command: str, seed: int, tier: str, alpha: float, quick: bool, total_seconds: float) -> list[str]:
+def _header(
+    *,
+    command: str,
+    seed: int,
+    tier: str,
+    alpha: float,
+    quick: bool,
+    total_seconds: float,
+    runtimes_summed: bool = False,
+) -> list[str]:
+    runtime = f"total runtime {total_seconds:.0f} s"
+    if runtimes_summed:
+        runtime += " (the reports' runtimes summed: this README was rewritten with `--readme-only`)"
     return [
         "# Hugging Face transformers: assisted generation with sampling -- specverify audit",
         "",
@@ -148,7 +160,7 @@ def _header(*, command: str, seed: int, tier: str, alpha: float, quick: bool, to
         f"- transformers {TRANSFORMERS_VERSION}, torch {torch.__version__}, Python {platform.python_version()}, "
         f"{platform.machine()} CPU, torch threads 1 per call",
         f"- run seed {seed}, tier `{tier}`{' (quick mode: tiny sizes, a subset of configs)' if quick else ''}, "
-        f"family-wise alpha {alpha:g} per report (weighted Holm); total runtime {total_seconds:.0f} s",
+        f"family-wise alpha {alpha:g} per report (weighted Holm); {runtime}",
         f"- models: offline tiny Llama pair (`specverify.adapters.hf_models.tiny_llama_pair`, V={VOCAB_SIZE}, "
         f"weights seed {MODEL_SEED}): target 2 layers, assistant = its first layer (same tokenizer, per-token "
         "acceptance ~0.57); EOS suppressed so every sample has exactly max_new_tokens tokens",
@@ -214,18 +226,42 @@ def _results(rows: list[dict]) -> list[str]:
     ]
 
 
-def _findings(repro_outputs: dict[str, str]) -> list[str]:
-    out = ["## Findings from reading the code (not observable at these sample sizes)", ""]
-    for i, (script, title, text) in enumerate(FINDINGS, 1):
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "not run"
+    return {0: "exit status 0: the bug no longer shows", 1: "exit status 1: the bug shows"}.get(
+        code, f"exit status {code}: the script itself failed"
+    )
+
+
+def _findings(repro_outputs: dict[str, tuple[str, int]]) -> list[str]:
+    out = [
+        "## Findings from reading the code (not observable at these sample sizes)",
+        "",
+        f"| # | finding | repro (exit 1 while the bug shows) | on transformers {TRANSFORMERS_VERSION} | upstream status |",
+        "|---|---|---|---|---|",
+    ]
+    for i, (script, title, _, upstream) in enumerate(FINDINGS, 1):
+        code = repro_outputs.get(script, ("", None))[1]
+        out.append(f"| {i} | {title} | [`{script}`]({script}) | {_exit_text(code)} | {upstream} |")
+    out += [
+        "",
+        f"Upstream status checked against {UPSTREAM_CHECKED}. Each script is standalone (torch and transformers, "
+        f"no specverify): `{REPRO_INSTALL}`, then `python <script>`; its docstring says what it shows and what it "
+        "prints, and it exits 1 while the bug shows.",
+        "",
+    ]
+    for i, (script, title, text, _) in enumerate(FINDINGS, 1):
+        output, code = repro_outputs.get(script, ("(not run)", None))
         out += [
             f"### {i}. {title}",
             "",
             text,
             "",
-            f"`python {script}` ([{script}]({script})) printed:",
+            f"`python {script}` ([{script}]({script})) printed ({_exit_text(code)}):",
             "",
             "```",
-            repro_outputs.get(script, "(not run)").rstrip(),
+            output.rstrip(),
             "```",
             "",
         ]
@@ -268,7 +304,8 @@ def render_readme(
     quick: bool,
     sizes: dict,
     total_seconds: float,
-    repro_outputs: dict[str, str],
+    repro_outputs: dict[str, tuple[str, int]],
+    runtimes_summed: bool = False,
 ) -> str:
     """The generated README of the audit (deterministic apart from the measured runtimes).
 
@@ -281,9 +318,19 @@ def render_readme(
     seed, tier, alpha, quick, sizes, total_seconds
         How the audit ran (for the header and the "What was tested" section).
     repro_outputs : dict
-        Output of each reproducer script (:data:`~specverify.cli.examples.hf_findings.FINDINGS`).
+        ``(output, exit status)`` of each reproducer script (:data:`~specverify.cli.examples.hf_findings.FINDINGS`).
+    runtimes_summed : bool
+        ``total_seconds`` is the reports' runtimes summed (``--readme-only`` without a stated runtime).
     """
-    out = _header(command=command, seed=seed, tier=tier, alpha=alpha, quick=quick, total_seconds=total_seconds)
+    out = _header(
+        command=command,
+        seed=seed,
+        tier=tier,
+        alpha=alpha,
+        quick=quick,
+        total_seconds=total_seconds,
+        runtimes_summed=runtimes_summed,
+    )
     out += _tested(quick=quick, sizes=sizes)
     out += _results(rows)
     out += ["## What the suite found", "", *_found(rows), ""]

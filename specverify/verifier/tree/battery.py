@@ -165,7 +165,7 @@ def check_tree_verifier(
     implementation: str | None = None,
     device=None,
     dtype=None,
-    workers: int = 1,
+    workers: int | None = None,
     backend: str | None = None,
     shards: int | None = None,
     ray_address: str | None = None,

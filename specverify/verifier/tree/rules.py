@@ -22,7 +22,7 @@ Lossless rules: :data:`SPECINFER` (Miao et al. 2023), :data:`RRSW` (Jeon et al. 
 arXiv 2402.14160), :data:`TOPK` (EAGLE-2/3, SafeAILab/EAGLE #171) and
 :data:`SAMPLE_AND_MATCH` (target-only; by the chain rule of a categorical,
 P(y = x_i | y not in {x_1..x_{i-1}}) = r_i(x_i) with r_i = p without the earlier siblings
-renormalised, so its law is the TOPK rule's).  Wrong ones (``shared/bugs.md``):
+renormalised, so its law is the TOPK rule's).  Wrong ones (``docs/bugs.md``):
 :data:`RESIDUAL_NOT_CARRIED`, :data:`RESIDUAL_ZERO_ONLY_REJECTED` (SafeAILab/EAGLE #20).
 
 Every function acts on rows (..., V) in float64 with tokens x (...,) long.

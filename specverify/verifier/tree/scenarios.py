@@ -3,7 +3,7 @@
 Each scenario takes its (target, drafter) table models from a chain scenario (so the
 tables are the chain battery's, seeded from that name) and grows trees by a
 :class:`~specverify.verifier.tree.drafting.TreeDrafting`.  Together they expose every
-tree bug class of ``shared/bugs.md``:
+tree bug class of ``docs/bugs.md``:
 
 ==============================  =========================================================
 bug class                       scenarios that expose it
