@@ -6,6 +6,7 @@ fixed-seed numpy generator that makes plausible p-values and counts.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sys
@@ -255,14 +256,20 @@ def test_markdown_fail_leads_with_errors_and_minimal_counterexample():
     assert verdict < errors < counter < md.index("## Reproduce") < table
     assert "verify returned token 9 >= vocab_size 8 (row 3)" in md
     section = md[counter:table]
-    # smallest scenario (V*K = 16) wins over the more significant failure in cat_v24 (V*K = 96)
-    assert "scenario `cat_v8`, position `abs=3`" in section
+    # the first failure of the one ordering (rank_key): the support violation, adjusted p = 0
+    assert "`support/support` at scenario `cat_v8`, position `abs=2`" in section
     assert "Target law p: \\[0.4, 0.15, 0.06, 0.25, 0.04, 0.1, 0, 0\\] (V=8)" in section
     assert "row 1: \\[0.2, 0.2, 0.2, 0.2, 0.05, 0.05, 0.05, 0.05\\] (V=8)" in section
-    first_row = section[section.index("| bin (tokens)") :].splitlines()[2]
-    assert first_row.startswith("| 3 |")  # the planted -300 on token 3 (expected 750) is the largest residual
+    assert "Emitted tokens with target probability 0: `[6, 7]`" in section
     failing_rows = [line for line in md[table:].splitlines() if "**FAIL**" in line]
     assert len(failing_rows) == 3 and md[table:].index("**FAIL**") < md[table:].index("| pass |")
+    # without it, the lowest adjusted p (cat_v24, 2e-29) wins over the smaller scenario (cat_v8, 2e-11)
+    others = tuple(r for r in report.results if r.family != "support")
+    section = render_markdown(dataclasses.replace(report, results=others))
+    section = section[section.index("## Minimal counterexample") : section.index("## Reproduce")]
+    assert "`gof/gof` at scenario `cat_v24`, position `abs=1`" in section
+    first_row = section[section.index("| bin (tokens)") :].splitlines()[2]
+    assert first_row.startswith("| 3 |")  # the planted -300 on token 3 (expected 2000) is the largest residual
 
 
 def test_markdown_counterexample_without_details():

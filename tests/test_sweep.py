@@ -56,7 +56,9 @@ def test_ensemble_sweep_is_monotone_and_covers_the_exact_values(ensemble_sweep):
     data = json.loads(json.dumps(ensemble_sweep.to_dict()))
     assert data["knob"] == "weight" and [p["label"] for p in data["points"]] == ["0.2", "0.6", "1"]
     summary = ensemble_sweep.summary()
-    assert "tok/pass" in summary and len(summary.splitlines()) == 2 + len(WEIGHTS)
+    assert "tok/pass" in summary and summary.splitlines()[0].startswith("CONFORMS to the declared law at 3/3")
+    table = summary.splitlines()[1 : 3 + len(WEIGHTS)]  # verdict line, head, header, one row per weight, notes
+    assert table[0].startswith(ensemble_sweep.subject) and len(table) == 2 + len(WEIGHTS)
 
 
 def test_sweep_declared_law_argument_overrides():
@@ -100,7 +102,7 @@ def test_renderer_writes_valid_files(ensemble_sweep, tmp_path):
     md = paths["markdown"].read_text()
     assert md == render_sweep_markdown(ensemble_sweep)
     rows = [line for line in md.splitlines() if line.startswith("| 0.2 ") or line.startswith("| 1 ")]
-    assert len(rows) == 4  # the trade-off table and the per-position table
+    assert len(rows) == 6  # the trade-off table and the per-in-block and per-absolute-position tables
     html = paths["html"].read_text()
     assert html.startswith("<!DOCTYPE html>") and html.rstrip().endswith("</html>")
     pytest.importorskip("matplotlib")
@@ -124,7 +126,7 @@ def test_cli_sweep_writes_the_three_files(tmp_path, capsys):
     assert [p["value"] for p in data["points"]] == [0.5, 1.0]
     assert data["command"].startswith("specverify measure --verifier reference.lossy:ensemble")
     assert "--sweep weight=0.5,1.0" in data["command"]
-    assert (out / "sweep.md").read_text().count("| 0.5 |") == 2
+    assert (out / "sweep.md").read_text().count("| 0.5 |") == 3
     assert (out / "sweep.html").is_file()
 
 
@@ -143,9 +145,13 @@ def test_cli_sweep_nonconformant_exit_status(capsys):
         (["--sweep", "weight=0.5,,1"], "--sweep must look like KEY=V1,V2"),
         (["--sweep", "weight=0.5", "--verifier-option", "weight=0.2"], "both set weight"),
         (["--sweep", "weight=0.5", "--declared-sweep-key", "weight"], "needs --declared-law"),
-        (["--sweep", "weight=0.5", "--draft-cost", "-1"], "draft_cost"),
+        (["--sweep", "weight=0.5", "--draft-cost", "-1"], "--draft-cost: must be a finite number >= 0"),
     ],
 )
 def test_cli_sweep_bad_usage(extra, message, capsys):
-    assert main(["measure", "--verifier", "reference.lossy:ensemble", *extra]) == 2
+    try:  # argparse's own checks (the argument types) exit; the later ones return the status
+        status = main(["measure", "--verifier", "reference.lossy:ensemble", *extra])
+    except SystemExit as stop:
+        status = stop.code
+    assert status == 2
     assert message in capsys.readouterr().err

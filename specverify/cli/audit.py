@@ -323,13 +323,19 @@ def run_audit(args, *, progress=None):
     )
     if kind != "decoder":
         common["dtype"] = getattr(args, "dtype", None)
+    # Each branch builds the implementations before importing its battery: a spec that does not
+    # load is a usage error before torch is imported (the user's own module may import it).
     if kind == "drafter":
-        from specverify.drafter import audit_drafter
-
         verifier = build_verifier(args.verifier, options["verifier"]) if args.verifier else None
-        report = audit_drafter(
+        drafter, target = (
             build(args.drafter, "drafter", options["drafter"]),
             build(args.target, "target", options["target"]),
+        )
+        from specverify.drafter import audit_drafter
+
+        report = audit_drafter(
+            drafter,
+            target,
             verifier=verifier,
             k=args.k,
             draft_cost=args.draft_cost,
@@ -339,11 +345,11 @@ def run_audit(args, *, progress=None):
             **common,
         )
     elif kind == "decoder":
-        from specverify.decoder import check_decoder
-
         decoder = build(args.decoder, "decoder", options["decoder"])
         target = build(args.target, "target", options["target"]) if args.target else None
         reference = build(args.reference, "reference", options["reference"]) if args.reference else None
+        from specverify.decoder import check_decoder
+
         report = check_decoder(
             decoder,
             target,
@@ -355,16 +361,16 @@ def run_audit(args, *, progress=None):
             **{k: v for k, v in parallel_options(args).items() if k != "until_decisive"},
         )
     elif kind == "tree_verifier":
+        verify_tree = build_verifier(args.tree_verifier, options["tree_verifier"], role="tree_verifier")
         from specverify.verifier.tree.battery import check_tree_verifier
 
-        verify_tree = build_verifier(args.tree_verifier, options["tree_verifier"], role="tree_verifier")
         report = check_tree_verifier(
             verify_tree, scenarios=args.scenario, modes=args.mode, **common, **parallel_options(args)
         )
     else:
+        verify = build_verifier(args.verifier, options["verifier"])
         from specverify.verifier.battery import check_verifier
 
-        verify = build_verifier(args.verifier, options["verifier"])
         parallel = {} if args.greedy else parallel_options(args)
         report = check_verifier(verify, greedy=args.greedy, scenarios=args.scenario, **common, **parallel)
     spec = getattr(args, kind)

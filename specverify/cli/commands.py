@@ -30,8 +30,17 @@ from pathlib import Path
 
 import specverify
 from specverify.cli import measure as measure_command
+from specverify.cli.argtypes import (
+    Parser,
+    nonnegative_float,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    probability,
+)
 from specverify.cli.audit import DEFAULT_ALPHA, DEFAULT_BANDWIDTH, DEFAULT_BYTES_PER_PARAM, run_audit
 from specverify.core.errors import InvalidArgument, SpecVerifyError
+from specverify.core.loading import put_on_import_path
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 TIERS = ("smoke", "standard", "deep")
@@ -68,7 +77,7 @@ class Progress:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``specverify`` argument parser (also what :func:`parse_command` reads recorded commands with)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="specverify",
         description="Statistical verification of speculative-decoding implementations.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -118,26 +127,31 @@ def _add_audit(sub) -> None:
             help=f"keyword argument for the {role} factory (repeatable)",
         )
     drafting = audit.add_argument_group("drafter audit (efficiency model)")
-    drafting.add_argument("--k", type=int, help="draft length K (default: the drafter's .k or 4)")
+    drafting.add_argument("--k", type=positive_int, help="draft length K (default: the drafter's .k or 4)")
     drafting.add_argument(
-        "--draft-cost", type=float, help="drafter forward cost relative to a target pass (speedup model)"
+        "--draft-cost", type=nonnegative_float, help="drafter forward cost relative to a target pass (speedup model)"
     )
     drafting.add_argument(
-        "--model-params", type=float, help="target parameters, for the memory-bound latency (e.g. 8e9)"
+        "--model-params", type=positive_float, help="target parameters, for the memory-bound latency (e.g. 8e9)"
     )
     drafting.add_argument(
         "--bandwidth",
-        type=float,
+        type=positive_float,
         default=DEFAULT_BANDWIDTH,
         help="memory bandwidth in bytes/s (default H100: 3.35e12)",
     )
     drafting.add_argument(
-        "--bytes-per-param", type=float, default=DEFAULT_BYTES_PER_PARAM, help="bytes per weight (default 2: bf16)"
+        "--bytes-per-param",
+        type=positive_float,
+        default=DEFAULT_BYTES_PER_PARAM,
+        help="bytes per weight (default 2: bf16)",
     )
     sizes = audit.add_argument_group("decoder audit (sample sizes)")
-    sizes.add_argument("--num-samples", type=int, metavar="N", help="samples per prompt (default: the tier's plan)")
     sizes.add_argument(
-        "--max-new-tokens", type=int, metavar="L", help="new tokens per sample (default: the tier's plan)"
+        "--num-samples", type=positive_int, metavar="N", help="samples per prompt (default: the tier's plan)"
+    )
+    sizes.add_argument(
+        "--max-new-tokens", type=positive_int, metavar="L", help="new tokens per sample (default: the tier's plan)"
     )
     audit.add_argument(
         "--greedy",
@@ -157,9 +171,12 @@ def _add_audit(sub) -> None:
         help="tree-verifier audit: only scenarios whose children are drawn this way (repeatable)",
     )
     audit.add_argument("--tier", choices=TIERS, default="smoke")
-    audit.add_argument("--seed", type=int, default=0)
+    audit.add_argument("--seed", type=nonnegative_int, default=0)
     audit.add_argument(
-        "--alpha", type=float, default=DEFAULT_ALPHA, help="family-wise false-alarm rate of the run (default 1e-3)"
+        "--alpha",
+        type=probability,
+        default=DEFAULT_ALPHA,
+        help="family-wise false-alarm rate of the run (default 1e-3)",
     )
     audit.add_argument(
         "--device",
@@ -174,7 +191,7 @@ def _add_audit(sub) -> None:
     shards = audit.add_argument_group("sharded runs (verifier and tree-verifier audits; statistics never change)")
     shards.add_argument(
         "--workers",
-        type=int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="run shards in N workers (default: smoke in this process, larger tiers one process per CPU)",
@@ -185,7 +202,7 @@ def _add_audit(sub) -> None:
         help="inline (1 worker), threads (N threads of this process; a thread-safe implementation), "
         "processes (default for N > 1), ray",
     )
-    shards.add_argument("--shards", type=int, metavar="S", help="shards in the plan (default 4 per worker)")
+    shards.add_argument("--shards", type=positive_int, metavar="S", help="shards in the plan (default 4 per worker)")
     shards.add_argument("--ray-address", metavar="ADDR", help="an existing Ray cluster (default: start a local one)")
     shards.add_argument(
         "--until-decisive",
@@ -211,7 +228,7 @@ def _add_others(sub) -> None:
     """The ``selftest``, ``examples`` and ``demo`` subcommands."""
     selftest = sub.add_parser("selftest", help="mutation score and calibration of the suite itself")
     selftest.add_argument("--tier", choices=TIERS, default="smoke")
-    selftest.add_argument("--seed", type=int, default=0)
+    selftest.add_argument("--seed", type=nonnegative_int, default=0)
     selftest.add_argument("--json", action="store_true", help="print the matrix as JSON")
     selftest.add_argument(
         "--matrix", metavar="PATH", help="also write the Markdown mutation matrix (with the peers' tests) to PATH"
@@ -220,13 +237,14 @@ def _add_others(sub) -> None:
     examples = sub.add_parser(
         "examples",
         help="regenerate the example reports (reports/ in the repository)",
-        description="Regenerate the example reports: the basic ones (seconds each, through `specverify audit`), "
-        "the Hugging Face transformers audit in OUT/hf-transformers (about 8 minutes on 2 CPU cores; alone: "
-        "python -m specverify.cli.examples.hf --out OUT/hf-transformers) and the mutation matrix (selftest, "
-        "about 80 s). Every report records the `specverify audit` command that reproduces it.",
+        description="Regenerate the example reports: the basic ones (through `specverify audit`), the Hugging "
+        "Face transformers audit in OUT/hf-transformers (batch-1 generation: the longest part; alone: "
+        "python -m specverify.cli.examples.hf --out OUT/hf-transformers) and the mutation matrix (selftest). "
+        "Measured times, with the machine and its load: benchmarks/README.md ('First hour'). Every report "
+        "records the `specverify audit` command that reproduces it.",
     )
     examples.add_argument("--out", default="reports", metavar="DIR")
-    examples.add_argument("--seed", type=int, default=0)
+    examples.add_argument("--seed", type=nonnegative_int, default=0)
     examples.add_argument("--tier", choices=TIERS, default="smoke")
     examples.add_argument("--skip-hf", action="store_true", help="skip the Hugging Face transformers audit")
     examples.add_argument("--skip-matrix", action="store_true", help="skip the mutation matrix (selftest + peers)")
@@ -323,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    put_on_import_path()  # as python -m does: PKG.MOD specs resolve from the working directory
     debug = bool(getattr(args, "debug", False))
     try:
         if args.command == "audit":

@@ -51,6 +51,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from specverify.cli.argtypes import nonnegative_float, nonnegative_int, positive_int, probability
 from specverify.core.errors import InvalidArgument, SpecVerifyError
 from specverify.core.loading import load_object, parse_options
 
@@ -75,30 +76,35 @@ def add_parser(subparsers):
         "--draft", metavar="PKG.MOD:NAME", help="decoder measurement: the draft model, for a declared law"
     )
     parser.add_argument("--prompt", default="1,2,3", help="decoder measurement: prompt token ids (default 1,2,3)")
-    parser.add_argument("--num-samples", type=int, default=2000, help="decoder measurement: continuations (2000)")
-    parser.add_argument("--max-new-tokens", type=int, default=4, help="decoder measurement: tokens each (4)")
+    parser.add_argument(
+        "--num-samples", type=positive_int, default=2000, help="decoder measurement: continuations (2000)"
+    )
+    parser.add_argument("--max-new-tokens", type=positive_int, default=4, help="decoder measurement: tokens each (4)")
     parser.add_argument("--positions", default=None, help="decoder measurement: positions measured, e.g. 1,2 (all)")
     parser.add_argument(
         "--scenario", metavar="NAME", default=None,
         help="battery scenario (default pos8_uniform_k4; tree: markov8_topk_3x2)",
     )  # fmt: skip
     parser.add_argument("--tier", choices=("smoke", "standard", "deep"), default="smoke")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--level", type=float, default=0.95, help="level of each TV interval (default 0.95)")
+    parser.add_argument("--seed", type=nonnegative_int, default=0)
+    parser.add_argument("--level", type=probability, default=0.95, help="level of each TV interval (default 0.95)")
     parser.add_argument(
         "--declared-law",
         metavar="PKG.MOD:NAME",
         help="declared_law(target_rows, draft_rows or None) -> law (default: the verifier's .declared_law)",
     )
     parser.add_argument("--declared-option", action="append", metavar="KEY=VALUE", default=[])
-    parser.add_argument("--alpha", type=float, default=1e-3, help="false-alarm rate of the conformance check")
+    parser.add_argument("--alpha", type=probability, default=1e-3, help="false-alarm rate of the conformance check")
     parser.add_argument("--out", metavar="DIR", help="write measure.json and measure.txt here")
     parser.add_argument("--json", action="store_true", help="print the JSON result instead of the table")
     parser.add_argument(
         "--sweep", metavar="KEY=V1,V2,...", help="sweep one factory option: trade-off table, sweep.{json,md,html}"
     )
     parser.add_argument(
-        "--draft-cost", type=float, default=None, help="drafter pass in target passes, for the speedup (default 0.05)"
+        "--draft-cost",
+        type=nonnegative_float,
+        default=None,
+        help="drafter pass in target passes, for the speedup (default 0.05)",
     )
     parser.add_argument(
         "--declared-sweep-key", metavar="NAME", help="pass the swept value to --declared-law as NAME=value"

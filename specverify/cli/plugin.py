@@ -93,6 +93,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{MARKER}: a specverify conformance-battery item (select with -m {MARKER})")
     settings = read_settings(config)
     if settings is not None:
+        from specverify.core.loading import put_on_import_path
+
+        put_on_import_path(config.invocation_params.dir)  # mypkg/ where pytest runs, as for the CLI
         config.stash[_STATE] = State(settings)
 
 

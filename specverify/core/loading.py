@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import ast
 import importlib
+import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 from specverify.core.errors import InvalidArgument
 
-__all__ = ["load_object", "parse_options", "MOVED_MODULES"]
+__all__ = ["load_object", "parse_options", "put_on_import_path", "MOVED_MODULES"]
 
 #: Modules renamed by the regrouping of the package (old name -> new name), named in the error
 #: of a spec that still uses the old one (reports and scripts written before it do).
@@ -42,6 +44,28 @@ MOVED_MODULES = {
 }
 
 
+def put_on_import_path(directory: str | os.PathLike | None = None) -> None:
+    """Put ``directory`` (default: the working directory) first on ``sys.path`` unless it is there.
+
+    ``python -m`` and pytest's rootdir do the same, so ``mypkg/spec.py`` next to where the user
+    runs ``specverify`` (or ``pytest -m specverify``) is importable as ``mypkg.spec``.
+    """
+    path = os.path.abspath(os.fspath(directory) if directory is not None else os.getcwd())
+    if path not in (os.path.abspath(p or os.curdir) for p in sys.path):
+        sys.path.insert(0, path)
+
+
+def _not_found_hint(error: ImportError, module_name: str) -> str:
+    """Where to put a package that was not found at all (not one that failed while importing)."""
+    top = module_name.split(".")[0]
+    if not isinstance(error, ModuleNotFoundError) or error.name != top:
+        return ""
+    return (
+        f"; {top!r} is not on the import path: run from the directory that holds {top}/ (it is put on the path), "
+        f"install it (pip install -e), or add its parent directory to PYTHONPATH"
+    )
+
+
 def load_object(spec: str, *, argument: str = "spec") -> Any:
     """Import ``module.path:attribute.path`` and return the attribute.
 
@@ -59,7 +83,7 @@ def load_object(spec: str, *, argument: str = "spec") -> Any:
         obj = importlib.import_module(module_name)
     except ImportError as error:
         moved = MOVED_MODULES.get(module_name)
-        hint = f"; it is now {moved!r}: {moved}:{attr_path}" if moved else ""
+        hint = f"; it is now {moved!r}: {moved}:{attr_path}" if moved else _not_found_hint(error, module_name)
         raise InvalidArgument(f"{argument}={spec!r}: cannot import module {module_name!r} ({error}){hint}") from error
     for part in attr_path.split("."):
         try:

@@ -13,11 +13,23 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FAIL", "PASS", "SCHEMA_VERSION", "SUSPICIOUS", "Grade", "Report", "TestResult", "protocol_result"]
+__all__ = [
+    "FAIL",
+    "PASS",
+    "SCHEMA_VERSION",
+    "SUSPICIOUS",
+    "Grade",
+    "Report",
+    "TestResult",
+    "effect_size",
+    "protocol_result",
+    "rank_flagged",
+    "rank_key",
+]
 
 SCHEMA_VERSION = "specverify.report/1"
 
@@ -126,10 +138,104 @@ class TestResult:
         where = "/".join(x for x in (self.scenario, self.position) if x)
         tv = f", detectable TV {self.mde_tv:.3g}" if self.mde_tv is not None else ""
         adj = f", adjusted p={self.adjusted_pvalue:.3g}" if self.adjusted_pvalue is not None else ""
+        effect = effect_size(self)
+        observed = f", observed TV {effect:.3g}" if effect is not None else ""
         return (
             f"[{(self.grade or '?').upper()}] {self.family}/{self.name} {where}: "
-            f"statistic={self.statistic:.4g}, p={self.pvalue:.3g}{adj}, N={self.n}{tv}"
+            f"statistic={self.statistic:.4g}, p={self.pvalue:.3g}{adj}, N={self.n}{observed}{tv}"
         )
+
+
+#: Rank of each grade in :func:`rank_key` (ungraded tests last).
+GRADE_RANK = {FAIL: 0, SUSPICIOUS: 1, PASS: 2}
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a float (``"nan"``/``"inf"`` strings and numpy scalars included), or None."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _numbers(value: Any) -> list[float] | None:
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    out = [x for x in (_number(v) for v in value) if x is not None and math.isfinite(x)]
+    return out if len(out) == len(value) else None
+
+
+def effect_size(result: TestResult) -> float | None:
+    """The deviation a test observed, on the total-variation scale; None when it recorded none.
+
+    Read from ``details`` (so it works on a report read back from JSON):
+
+    - per-bin counts (``observed`` and ``expected`` lists of one length, as the binned
+      goodness-of-fit tests record): the observed binned TV ``1/2 sum_i |o_i/O - e_i/E|``;
+    - an acceptance test (``observed_rate``, ``expected_rate``): ``|observed - expected|``,
+      the TV between the observed and the exact accept/reject law;
+    - a single-count goodness-of-fit test (scalar ``observed``/``expected`` counts of one
+      token, as the sparse test records): ``|observed - expected| / N``, a lower bound on the
+      TV (``TV >= |Q(A) - P(A)|`` for any event A).
+
+    Other tests (directed scores, collisions, support, protocol) carry no TV-scale effect and
+    get None: they rank after the tests that record one at the same adjusted p.
+    """
+    details = result.details if isinstance(result.details, Mapping) else {}
+    observed, expected = _numbers(details.get("observed")), _numbers(details.get("expected"))
+    if observed is not None and expected is not None and len(observed) == len(expected):
+        total_o, total_e = sum(observed), sum(expected)
+        if total_o > 0 and total_e > 0:
+            return 0.5 * sum(abs(o / total_o - e / total_e) for o, e in zip(observed, expected))
+        return None
+    rate_o, rate_e = _number(details.get("observed_rate")), _number(details.get("expected_rate"))
+    if rate_o is not None and rate_e is not None and math.isfinite(rate_o - rate_e):
+        return abs(rate_o - rate_e)
+    count_o, count_e, n = _number(details.get("observed")), _number(details.get("expected")), _number(result.n)
+    if result.family == "gof" and count_o is not None and count_e is not None and n and n > 0:
+        value = abs(count_o - count_e) / n
+        return value if math.isfinite(value) else None
+    return None
+
+
+def rank_key(result: TestResult) -> tuple:
+    """The one ordering of tests, worst first, used everywhere a report names "the first failure".
+
+    By grade (fail, suspicious, pass, ungraded), then adjusted p ascending (the raw p when
+    there is no adjusted one; NaN last), then :func:`effect_size` descending (tests without
+    one after those with one), then raw p, then family, name, scenario and position (so the
+    order is total and deterministic).  The terminal summary (:meth:`Report.summary`), the
+    verdict paragraph and test table of the Markdown/HTML reports and the counterexample
+    they show all take their first failure from this order.
+    """
+    adjusted = math.inf
+    for value in (result.adjusted_pvalue, result.pvalue):
+        x = _number(value)
+        if x is not None:
+            adjusted = math.inf if math.isnan(x) else x
+            break
+    raw = _number(result.pvalue)
+    raw = math.inf if raw is None or math.isnan(raw) else raw
+    effect = effect_size(result)
+    return (
+        GRADE_RANK.get(result.grade or "", 3),
+        adjusted,
+        -effect if effect is not None else math.inf,
+        raw,
+        str(result.family),
+        str(result.name),
+        str(result.scenario),
+        str(result.position),
+    )
+
+
+def rank_flagged(results: Sequence[TestResult]) -> list[TestResult]:
+    """The failed and suspicious tests in :func:`rank_key` order: element 0 is the first failure."""
+    return sorted((r for r in results if r.grade in (FAIL, SUSPICIOUS)), key=rank_key)
 
 
 def _unrecorded_command(report: Report) -> str:
@@ -235,10 +341,11 @@ class Report:
             f"time={self.timings.get('total', float('nan')):.1f}s",
         ]
         lines += [f"  implementation error: {e}" for e in self.errors]
-        flagged = [r for r in self.results if r.grade in (FAIL, SUSPICIOUS)]
+        flagged = rank_flagged(self.results)
         counts = {g: sum(r.grade == g for r in self.results) for g in (FAIL, SUSPICIOUS, PASS)}
         lines.append(f"  {counts[FAIL]} failed, {counts[SUSPICIOUS]} suspicious, {counts[PASS]} passed")
-        flagged.sort(key=lambda r: (r.grade != FAIL, r.adjusted_pvalue if r.adjusted_pvalue is not None else r.pvalue))
+        if flagged:
+            lines.append("  flagged tests, first failure first (lowest adjusted p, then largest observed TV):")
         lines += ["  " + r.summary() for r in flagged[:10]]
         if len(flagged) > 10:
             lines.append(f"  ... and {len(flagged) - 10} more flagged tests (see the report)")
@@ -249,6 +356,10 @@ class Report:
                 f"  detectable binned TV at power 0.9: median {tvs[len(tvs) // 2]:.3g}, best {tvs[0]:.3g}, "
                 f"worst {tvs[-1]:.3g} over {len(tvs)} tests ({n:,} tokens in goodness-of-fit strata)"
             )
+        if isinstance(self.extra, Mapping) and "efficiency" in self.extra:
+            from specverify.report.drafter import terminal_lines  # the efficiency answer of a drafter audit
+
+            lines += terminal_lines(self)
         return "\n".join(lines)
 
 

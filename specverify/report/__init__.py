@@ -63,11 +63,19 @@ Keys read from the report (all optional; absent or malformed -> the section is s
 
 Minimal counterexample (failures)
 ---------------------------------
-Among the failing results the report leads with the one from the smallest scenario:
-smallest V*K (``vocab_size`` * ``k``; K defaults to 1, unknown V sorts last), then a result
-that recorded per-bin counts, then smallest N, then smallest p.  It shows that
-scenario's configuration, the target/draft law previews and the observed vs expected
-counts per bin, largest standardised residual first.
+One ordering of the tests, :func:`specverify.core.results.rank_key`, decides which failure
+comes first everywhere: in the terminal summary, in the verdict paragraph, at the top of the
+test table and in the counterexample.  It is by grade (fail, suspicious, pass), then adjusted
+p ascending, then effect size descending -- the observed TV the test saw
+(:func:`specverify.core.results.effect_size`: binned TV from per-bin counts, the acceptance
+rate difference, or a single count's frequency difference; tests without one after those
+with one) -- then raw p and the test's names.  The counterexample of that first failure
+shows its scenario's configuration, the target/draft law previews and the observed vs
+expected counts per bin, largest standardised residual first.
+
+``"bin_tokens"`` may also be a mapping ``{bin index (int or str): token ids}`` holding only
+the small bins (as :func:`specverify.stats.gof.binned_details` records it); bins missing
+from it are labelled by their number and size (``tokens_per_bin``).
 """
 
 from __future__ import annotations

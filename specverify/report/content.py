@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specverify.core.repro import is_python_repro
-from specverify.core.results import FAIL, PASS, SUSPICIOUS, Report, TestResult
+from specverify.core.results import FAIL, PASS, SUSPICIOUS, Report, TestResult, effect_size, rank_flagged, rank_key
 
 GRADE_ORDER = {FAIL: 0, SUSPICIOUS: 1, PASS: 2}
 
@@ -100,22 +100,19 @@ def effective_p(result: TestResult) -> float:
 
 
 def sort_key(result: TestResult) -> tuple:
-    raw = num(result.pvalue)
-    raw = math.inf if raw is None or math.isnan(raw) else raw
-    return (
-        GRADE_ORDER.get(result.grade, 3),
-        effective_p(result),
-        raw,
-        result.family,
-        result.name,
-        result.scenario,
-        result.position,
-    )
+    """:func:`specverify.core.results.rank_key`: the one ordering of tests (the last four items are names)."""
+    return rank_key(result)
 
 
 def worst_first(results: Sequence[TestResult]) -> list[TestResult]:
-    """Failures first, then suspicious, pass, ungraded; within a grade by (adjusted) p."""
+    """Failures first, then suspicious, pass, ungraded; within a grade by adjusted p, then observed TV
+    (:func:`specverify.core.results.rank_key`, the order of the terminal summary too)."""
     return sorted(results, key=sort_key)
+
+
+def first_failure(report: Report) -> TestResult | None:
+    """The failing test every part of a report names first (terminal, verdict, counterexample), or None."""
+    return next((r for r in rank_flagged(report.results) if r.grade == FAIL), None)
 
 
 #: Passing tests listed (worst first) after the flagged ones before the test table folds the rest.
@@ -162,14 +159,29 @@ def counts_of(result: TestResult) -> tuple[list[float], list[float], list[Any]] 
     tokens = details.get("bin_tokens")
     if hasattr(tokens, "tolist"):
         tokens = tokens.tolist()
+    if isinstance(tokens, Mapping):  # {bin: token ids} for the small bins only (specverify.stats.gof)
+        by_bin = {str(k): v for k, v in tokens.items()}
+        tokens = [by_bin.get(str(i)) for i in range(len(observed))]
     if not isinstance(tokens, (list, tuple)) or len(tokens) != len(observed):
         tokens = [None] * len(observed)
     return observed, expected, list(tokens)
 
 
-def bin_label(tokens: Any, index: int, *, limit: int = 6) -> str:
-    """``"17"`` for a singleton bin, ``"3, 8, 9 (+12 more)"`` for a pooled one, ``"bin 4"`` if unknown."""
+def bin_sizes(result: TestResult) -> list[float | None]:
+    """Tokens per bin from ``details["tokens_per_bin"]``, or None per bin when not recorded."""
+    details = result.details if isinstance(result.details, Mapping) else {}
+    sizes = float_list(details.get("tokens_per_bin"))
+    counts = counts_of(result)
+    length = len(counts[0]) if counts else 0
+    return list(sizes) if sizes is not None and len(sizes) == length else [None] * length
+
+
+def bin_label(tokens: Any, index: int, *, limit: int = 6, size: float | None = None) -> str:
+    """``"17"`` for a singleton bin, ``"3, 8, 9 (+12 more)"`` for a pooled one, ``"bin 4"`` if unknown
+    (``"bin 4 (37 tokens)"`` when its ``size`` is known)."""
     if tokens is None:
+        if size is not None and size > 1:
+            return f"bin {index} ({int(size)} tokens)"
         return f"bin {index}"
     if hasattr(tokens, "tolist"):
         tokens = tokens.tolist()
@@ -197,7 +209,7 @@ def detectability(results: Sequence[TestResult]) -> Detectability:
     masses = [m for m in (finite(r.multi_token_mass) for r in results) if m is not None]
     if not with_tv:
         return Detectability(None, None, None, max(masses) if masses else None, 0)
-    largest, largest_result = max(with_tv, key=lambda pair: (pair[0], *sort_key(pair[1])[3:]))
+    largest, largest_result = max(with_tv, key=lambda pair: (pair[0], *sort_key(pair[1])[-4:]))
     median = statistics.median(tv for tv, _ in with_tv)
     return Detectability(largest, largest_result, median, max(masses) if masses else None, len(with_tv))
 
@@ -223,8 +235,16 @@ def detectability_sentence(report: Report) -> str:
     return text + "."
 
 
+def _observed_tv(result: TestResult) -> str:
+    effect = effect_size(result)
+    return "" if effect is None else f", observed TV {fmt(effect)}"
+
+
 def _listing(results: Sequence[TestResult], limit: int = 5) -> str:
-    parts = [f"{test_label(r)} (p={fmt(r.pvalue)}, adjusted p={fmt(r.adjusted_pvalue)})" for r in results[:limit]]
+    parts = [
+        f"{test_label(r)} (p={fmt(r.pvalue)}, adjusted p={fmt(r.adjusted_pvalue)}{_observed_tv(r)})"
+        for r in results[:limit]
+    ]
     if len(results) > limit:
         parts.append(f"and {len(results) - limit} more")
     return "; ".join(parts)
@@ -319,29 +339,19 @@ class Counterexample:
 
 
 def counterexample(report: Report, *, max_bins: int = 20) -> Counterexample | None:
-    """The failing result from the smallest scenario (see :mod:`specverify.report`), or None."""
-    failed = [r for r in report.results if r.grade == FAIL]
-    if not failed:
+    """The counterexample of :func:`first_failure` (the same test the verdict and terminal name first), or None."""
+    result = first_failure(report)
+    if result is None:
         return None
     scenarios = scenario_map(report)
-
-    def key(r: TestResult) -> tuple:
-        n = finite(r.n)
-        return (
-            scenario_size(scenarios.get(r.scenario)),
-            0 if counts_of(r) else 1,
-            n if n is not None else math.inf,
-            sort_key(r),
-        )
-
-    result = min(failed, key=key)
     counts = counts_of(result)
     rows = []
     if counts:
         observed, expected, tokens = counts
+        sizes = bin_sizes(result)
         for i, (o, e, t) in enumerate(zip(observed, expected, tokens)):
             resid = (o - e) / math.sqrt(e) if e > 0 else (math.inf if o > 0 else 0.0)
-            rows.append((bin_label(t, i), o, e, resid))
+            rows.append((bin_label(t, i, size=sizes[i]), o, e, resid))
         order = sorted(range(len(rows)), key=lambda i: (-abs(rows[i][3]), i))
         rows = [rows[i] for i in order[:max_bins]]
     return Counterexample(result, scenarios.get(result.scenario), counts, rows)
@@ -411,3 +421,70 @@ def other_extra(report: Report, *, exclude: Sequence[str] | set[str] = ()) -> di
         return {}
     skip = {"acceptance", *exclude}
     return {k: v for k, v in report.extra.items() if k not in skip}
+
+
+# ----------------------------------------------------------------------------- scenarios
+
+#: A configuration value longer than this (as text) is shown under its scenario's row, not in a column.
+SHORT_VALUE = 28
+
+
+def config_text(value: Any) -> str:
+    """A configuration value as short plain text: ``{"sigma": 0.3}`` -> ``"sigma=0.3"``, ``{}``/``[]`` -> ``"—"``."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k}={config_text(v)}" for k, v in value.items()) or "—"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(config_text(v) for v in value) or "—"
+    if value is None:
+        return "None"
+    x = num(value)
+    return fmt(x, ".6g") if isinstance(value, float) and x is not None else str(value)
+
+
+@dataclass(frozen=True)
+class ScenarioTable:
+    """The Scenarios section: one row per scenario, one column per configuration key.
+
+    ``common`` holds the keys with one value in every scenario (when there are at least 3
+    scenarios), shown once above the table; ``notes`` per row the long values (the
+    description first), shown under the row (HTML) or in a last column (Markdown);
+    ``others`` the scenarios that are not mappings (shown as they are).
+    """
+
+    columns: list[str]
+    rows: list[dict[str, str]]
+    notes: list[list[tuple[str, str]]]
+    common: list[tuple[str, str]]
+    others: list[Any]
+
+
+def scenario_table(report: Report) -> ScenarioTable | None:
+    """Lay out ``report.scenarios`` (``*_preview`` keys left out: they belong to the counterexample)."""
+    scenarios = [s for s in report.scenarios if isinstance(s, Mapping)]
+    others = [s for s in report.scenarios if not isinstance(s, Mapping)]
+    if not scenarios and not others:
+        return None
+    keys: list[str] = []
+    for sc in scenarios:
+        keys += [str(k) for k in sc if not str(k).endswith("_preview") and str(k) not in keys]
+    texts = [{str(k): config_text(v) for k, v in sc.items() if not str(k).endswith("_preview")} for sc in scenarios]
+    common: list[tuple[str, str]] = []
+    if len(texts) >= 3:
+        for key in keys:
+            values = {t.get(key) for t in texts}
+            if key != "name" and len(values) == 1 and None not in values:
+                value = values.pop()
+                if value is not None and len(value) <= SHORT_VALUE:
+                    common.append((key, value))
+    shared = {k for k, _ in common}
+    long = [
+        k for k in keys if k == "description" or (k != "name" and any(len(t.get(k, "")) > SHORT_VALUE for t in texts))
+    ]
+    long.sort(key=lambda k: k != "description")
+    columns = [k for k in keys if k not in shared and k not in long]
+    columns.sort(key=lambda k: k != "name")
+    rows = [{k: t[k] for k in columns if k in t} for t in texts]
+    notes = [[(k, t[k]) for k in long if k in t and k not in shared] for t in texts]
+    return ScenarioTable(columns, rows, notes, common, others)

@@ -451,3 +451,52 @@ def summary_items(eff: Efficiency) -> list[str]:
             )
         out.append(text + ".")
     return out
+
+
+def terminal_lines(report: Report) -> list[str]:
+    """The efficiency answer for the terminal summary of a drafter audit (:meth:`Report.summary`).
+
+    Empty unless the report holds ``extra["efficiency"]``.  One line for what was measured at
+    the audited K (tokens per target pass against its exact expectation, and the modelled
+    speedup at each drafter cost), one per drafter cost for the best K (said to be an
+    extrapolation when it lies past the audited K), and one for the memory-bound latency
+    when ``--model-params`` gave one.
+    """
+    eff = efficiency(report)
+    if eff is None:
+        return []
+    at_k = f" at K={eff.k}" if eff.k is not None else ""
+    parts = []
+    per_pass = next((m for m in eff.metrics if m.label == "tokens per target pass"), None)
+    if per_pass is not None:
+        exact = f" (exact {c.fmt(per_pass.exact, '#.4g')})" if per_pass.exact is not None else ""
+        parts.append(f"{c.fmt(per_pass.observed, '#.4g')} tokens per target pass{exact}")
+    parts += [
+        f"speedup {c.fmt(cv.at_audited_k, '.3f')}x at drafter cost c={c.fmt(cv.cost, '.3g')}"
+        for cv in eff.curves
+        if cv.at_audited_k is not None and eff.k is not None
+    ]
+    out = [f"  efficiency{at_k}: " + "; ".join(parts)] if parts else []
+    for cv in eff.curves:
+        if cv.best_k is None:
+            continue
+        beyond = (
+            f" (K > {eff.k} assumes the last observed acceptance rate)"
+            if eff.k is not None and cv.best_k > eff.k
+            else ""
+        )
+        out.append(
+            f"  best K={cv.best_k} at drafter cost c={c.fmt(cv.cost, '.3g')}: speedup "
+            f"{c.fmt(cv.best_speedup, '.3f')}x{beyond}"
+        )
+    lat = eff.latency
+    if lat is not None:
+        params = f" ({fmt_count(lat.model_params)} parameters)" if lat.model_params is not None else ""
+        text = f"  memory-bound latency per token{params}: plain decoding {fmt_seconds(lat.target_pass_seconds)}"
+        for cv in eff.curves[:1]:
+            if cv.seconds_at_audited_k is not None and eff.k is not None:
+                text += f", speculative at K={eff.k} {fmt_seconds(cv.seconds_at_audited_k)}"
+            if cv.seconds_at_best_k is not None and cv.best_k is not None and cv.best_k != eff.k:
+                text += f", at best K={cv.best_k} {fmt_seconds(cv.seconds_at_best_k)}"
+        out.append(text)
+    return out

@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from specverify.core.results import FAIL, PASS, SUSPICIOUS, Report, TestResult
+from specverify.core.results import FAIL, PASS, SUSPICIOUS, Report, TestResult, effect_size
 from specverify.report import content as c
 from specverify.report import drafter as d
 from specverify.report.plots import PlotSet, render_plots
@@ -40,7 +40,11 @@ vertical-align:middle}
 table{border-collapse:collapse;margin:8px 0 14px;font-size:13px}
 th,td{border:1px solid #d0d7de;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#f6f8fa} td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-td.method{color:#57606a;font-size:12px;min-width:16em}
+td.method{color:#57606a;font-size:12px;min-width:9em}
+.wide{max-width:100%;overflow-x:auto;margin:8px 0 14px} .wide table{margin:0}
+table.tests{width:100%} table.tests td,table.tests th{padding:3px 5px;overflow-wrap:break-word}
+table.tests td.method{width:34%}
+tr.sub td{color:#57606a;font-size:12px;border-top:none}
 tr.g-fail td{background:#fdecea} tr.g-suspicious td{background:#fff6e5}
 figure{margin:14px 0} figure img{max-width:100%;height:auto;border:1px solid #d0d7de}
 figcaption{color:#57606a;font-size:13px} .note{color:#57606a;font-size:13px}
@@ -62,9 +66,13 @@ def _cls(verdict: Any) -> str:
     return verdict if verdict in (PASS, SUSPICIOUS, FAIL) else "other"
 
 
-def table(header: Sequence[str], rows: Iterable[Sequence[str]], numeric: str = "", row_classes=None) -> str:
-    """``rows`` hold already-escaped HTML; ``numeric`` marks right-aligned columns "r", muted ones "m"."""
-    out = ["<table><thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr></thead><tbody>"]
+def table(
+    header: Sequence[str], rows: Iterable[Sequence[str]], numeric: str = "", row_classes=None, *, cls: str = ""
+) -> str:
+    """``rows`` hold already-escaped HTML; ``numeric`` marks right-aligned columns "r", muted ones "m";
+    ``cls`` is the table's class."""
+    attr = f' class="{cls}"' if cls else ""
+    out = [f"<table{attr}><thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr></thead><tbody>"]
     for i, row in enumerate(rows):
         cls = f' class="{row_classes[i]}"' if row_classes and row_classes[i] else ""
         cells = "".join(
@@ -81,6 +89,11 @@ def _value(value: Any) -> str:
     if isinstance(value, (dict, list, tuple)):
         return f"<code>{esc(json.dumps(value, default=str, allow_nan=True))}</code>"
     return f"<code>{esc(value)}</code>"
+
+
+def _wide(table_html: str) -> str:
+    """A table in its own horizontally scrolling box, so it never overflows the page's column."""
+    return f'<div class="wide">{table_html}</div>'
 
 
 def _breakable(value: Any) -> str:
@@ -126,11 +139,11 @@ def _tests_section(report: Report) -> list[str]:
     if not listed:
         return out + ["<p>No statistical tests ran.</p>"]
     rows, classes = _result_rows(listed, 1)
-    out.append(table(RESULT_HEADER, rows, RESULT_NUMERIC, classes))
+    out.append(_wide(table(RESULT_HEADER, rows, RESULT_NUMERIC, classes, cls="tests")))
     if folded:
         rows, classes = _result_rows(folded, len(listed) + 1)
         out.append(f"<details><summary>{len(folded)} more tests ({esc(c.grade_counts(folded))})</summary>")
-        out.append(table(RESULT_HEADER, rows, RESULT_NUMERIC, classes) + "</details>")
+        out.append(_wide(table(RESULT_HEADER, rows, RESULT_NUMERIC, classes, cls="tests")) + "</details>")
     out.append(
         '<p class="note">Detectable TV: the binned total-variation distance the test detects with power '
         "0.9 at its allocated alpha.</p>"
@@ -157,7 +170,8 @@ def _counterexample_section(report: Report) -> list[str]:
     r = ce.result
     out = [
         "<h2>Minimal counterexample</h2>",
-        f"<p>The smallest failing scenario: <code>{esc(r.family)}/{esc(r.name)}</code> at scenario "
+        f"<p>The first failure (lowest adjusted p, then largest observed TV{esc(_effect(r))}: the test the "
+        f"verdict and the terminal summary name first): <code>{esc(r.family)}/{esc(r.name)}</code> at scenario "
         f"<code>{esc(r.scenario or '?')}</code>, position <code>{esc(r.position or '?')}</code>: statistic "
         f"{esc(c.fmt(r.statistic, '.4g'))}, p={esc(c.fmt(r.pvalue))}, adjusted p={esc(c.fmt(r.adjusted_pvalue))}, "
         f"N={esc(c.fmt_int(r.n))} ({esc(r.method)}).</p>",
@@ -306,17 +320,38 @@ def _plots_section(plot_set: PlotSet | None) -> list[str]:
     return out
 
 
+def _effect(result: TestResult) -> str:
+    effect = effect_size(result)
+    return "" if effect is None else f", here {c.fmt(effect)}"
+
+
 def _scenarios_section(report: Report) -> list[str]:
-    if not report.scenarios:
+    layout = c.scenario_table(report)
+    if layout is None:
         return []
-    body = ["<h2>Scenarios</h2><ul>"]
-    for sc in report.scenarios:
-        if isinstance(sc, Mapping):
-            items = ", ".join(f"{esc(k)}={_value(v)}" for k, v in sc.items() if not str(k).endswith("_preview"))
-        else:
-            items = _value(sc)
-        body.append(f"<li>{items}</li>")
-    return body + ["</ul>"]
+    body = [f"<h2>Scenarios ({len(report.scenarios)})</h2>"]
+    if layout.common:
+        shared = ", ".join(f"{esc(k)}=<code>{esc(v)}</code>" for k, v in layout.common)
+        body.append(f'<p class="note">Every scenario has {shared}.</p>')
+    if layout.rows:
+        width = len(layout.columns)
+        head = "".join(f"<th>{_breakable(k)}</th>" for k in layout.columns)
+        out = [f'<table class="scenarios"><thead><tr>{head}</tr></thead><tbody>']
+        for row, notes in zip(layout.rows, layout.notes):
+            cells = "".join(
+                f"<td><code>{_breakable(row.get(k, ''))}</code></td>"
+                if k == "name"
+                else f"<td>{esc(row.get(k, ''))}</td>"
+                for k in layout.columns
+            )
+            out.append(f"<tr>{cells}</tr>")
+            if notes:
+                text = " · ".join(esc(v) if k == "description" else f"{esc(k)}: {esc(v)}" for k, v in notes)
+                out.append(f'<tr class="sub"><td colspan="{width}">{text}</td></tr>')
+        body.append(_wide("\n".join(out) + "</tbody></table>"))
+    if layout.others:
+        body.append("<ul>" + "".join(f"<li>{_value(sc)}</li>" for sc in layout.others) + "</ul>")
+    return body
 
 
 def _mapping_section(title: str, data: Any) -> list[str]:

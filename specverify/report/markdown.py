@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from specverify.core.results import FAIL, PASS, SUSPICIOUS, Report, TestResult
+from specverify.core.results import FAIL, PASS, SUSPICIOUS, Report, TestResult, effect_size
 from specverify.report import content as c
 from specverify.report import drafter as d
 
@@ -99,7 +99,8 @@ def counterexample_lines(report: Report) -> list[str]:
     lines = [
         "## Minimal counterexample",
         "",
-        f"The smallest failing scenario: {md_code(r.family + '/' + r.name)} at scenario "
+        f"The first failure (lowest adjusted p, then largest observed TV{_effect(r)}: the test the verdict and "
+        f"the terminal summary name first): {md_code(r.family + '/' + r.name)} at scenario "
         f"{md_code(r.scenario or '?')}, position {md_code(r.position or '?')}: statistic "
         f"{c.fmt(r.statistic, '.4g')}, p={c.fmt(r.pvalue)}, adjusted p={c.fmt(r.adjusted_pvalue)}, "
         f"N={c.fmt_int(r.n)} ({md_text(r.method)}).",
@@ -279,17 +280,33 @@ def repro_lines(report: Report) -> list[str]:
     return lines
 
 
+def _effect(result: TestResult) -> str:
+    effect = effect_size(result)
+    return "" if effect is None else f", here {c.fmt(effect)}"
+
+
 def scenario_lines(report: Report) -> list[str]:
-    if not report.scenarios:
+    """The Scenarios section: one table row per scenario, one column per configuration key."""
+    layout = c.scenario_table(report)
+    if layout is None:
         return []
-    lines = ["## Scenarios", ""]
-    for sc in report.scenarios:
-        if isinstance(sc, Mapping):
-            items = ", ".join(f"{md_text(k)}={_value(v)}" for k, v in sc.items() if not str(k).endswith("_preview"))
-            lines.append(f"- {items}")
-        else:
-            lines.append(f"- {_value(sc)}")
-    return lines + [""]
+    lines = [f"## Scenarios ({len(report.scenarios)})", ""]
+    if layout.common:
+        lines += ["Every scenario has " + ", ".join(f"{md_text(k)}={md_code(v)}" for k, v in layout.common) + ".", ""]
+    if layout.rows:
+        with_notes = any(layout.notes)
+        header = [md_text(k) for k in layout.columns] + (["notes"] if with_notes else [])
+        rows = []
+        for row, notes in zip(layout.rows, layout.notes):
+            cells = [md_code(row[k]) if k == "name" and k in row else md_text(row.get(k, "")) for k in layout.columns]
+            if with_notes:
+                cells.append(
+                    "; ".join(md_text(v) if k == "description" else f"{md_text(k)}: {md_text(v)}" for k, v in notes)
+                )
+            rows.append(cells)
+        lines += table(header, rows) + [""]
+    lines += [f"- {_value(sc)}" for sc in layout.others]
+    return lines + ([""] if layout.others else [])
 
 
 def render_markdown(report: Report, *, max_rows: int = 40) -> str:

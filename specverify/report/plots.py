@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from specverify.core.results import FAIL, PASS, SUSPICIOUS, Report, TestResult
 from specverify.report import content as c
 
-__all__ = ["Plot", "PlotSet", "render_plots", "noncentrality_for_power"]
+__all__ = ["Plot", "PlotSet", "bin_axis_label", "render_plots", "noncentrality_for_power"]
 
 DPI = 100
 GRADE_COLOR = {FAIL: "#c62828", SUSPICIOUS: "#ef8f00", PASS: "#2e7d32", None: "#607d8b"}
@@ -137,20 +137,40 @@ def _histogram(r: TestResult, new_figure, encode) -> Plot:
         bottom.axhline(level, color="black", lw=0.6, ls="--")
     bottom.axhline(0, color="black", lw=0.6)
     bottom.set_ylabel("(o-e)/sqrt(e)")
+    bottom.set_xlabel(bin_axis_label(tokens, expected))
     if nb <= 30:
-        labels = [c.bin_label(t, i, limit=3) for i, t in enumerate(tokens)]
+        sizes = c.bin_sizes(r)
+        labels = [c.bin_label(t, i, limit=3, size=sizes[i]) for i, t in enumerate(tokens)]
         slanted = nb > 12 or max(len(s) for s in labels) > 8
         bottom.set_xticks(
             x, labels, rotation=40 if slanted else 0, ha="right" if slanted else "center", fontsize=7 if slanted else 8
         )
-        bottom.set_xlabel("bin (token ids)")
-    else:
-        bottom.set_xlabel(f"bin index ({nb} bins, in the test's order)")
     caption = (
         f"Observed vs expected counts per bin for {c.test_label(r)}; bars below are standardised "
         f"residuals (|z| > 3 in red)."
     )
     return Plot(f"hist-{c.test_label(r)}", f"Counts: {c.test_label(r)}", caption, encode(fig))
+
+
+def bin_axis_label(tokens: Sequence, expected: Sequence[float]) -> str:
+    """What the histogram's x axis shows: token ids where the bins recorded them, else bin numbers.
+
+    Ticks are labelled with token ids only when the axis has at most 30 bins; bins whose tokens
+    were not recorded (large pooled bins) are labelled ``bin i (m tokens)``.  The order is said
+    to be most probable first when the expected counts do not increase (the p-order of
+    :func:`specverify.stats.binning.make_bins`).
+    """
+    nb = len(expected)
+    ordered = all(a >= b for a, b in zip(expected, expected[1:]))
+    order = "most probable first" if ordered else "in the test's order"
+    known = sum(t is not None for t in tokens)
+    if nb > 30:
+        return f"bin number ({nb} bins, {order})"
+    if known == nb:
+        return f"token ids in each bin ({order})"
+    if known:
+        return f"token ids in each bin, else bin number (bins {order})"
+    return f"bin number (bins {order}; token ids not recorded)"
 
 
 def _qq(report: Report, new_figure, encode) -> Plot | None:

@@ -54,10 +54,54 @@ __all__ = [
     "measure_divergence",
     "measure_run",
     "DEFAULT_SCENARIO",
+    "estimate_mark",
+    "estimate_notes",
 ]
 
 #: Scenario measured when neither a scenario nor (target, drafter, k) is given.
 DEFAULT_SCENARIO = "pos8_uniform_k4"
+
+#: Marks on a TV point estimate outside its own interval (:func:`estimate_mark`, :func:`estimate_notes`).
+BELOW_ZERO, BELOW_INTERVAL = "*", "^"
+
+
+def estimate_mark(tv: float, lower: float) -> str:
+    """``"*"`` for a TV estimate below 0, ``"^"`` for one below its interval's lower bound, else ``""``.
+
+    The estimate is the plug-in TV minus its exact expectation under exact sampling
+    (:mod:`specverify.stats.divergence`): centred on 0 when the true TV is 0, so it can be
+    negative there, and under a lossy law it over-corrects by at most that expectation, so it
+    can sit below the lower bound (which is never below 0).  It never exceeds the upper bound
+    (``upper >= plug-in >= estimate``).
+    """
+    if tv < 0:
+        return BELOW_ZERO
+    if tv < lower:
+        return BELOW_INTERVAL
+    return ""
+
+
+def estimate_notes(marks, *, kl_negative: bool = False) -> list[str]:
+    """One line per kind of mark used (``marks``: the marks of :func:`estimate_mark` shown), and one for a
+    negative KL: why an estimate lies outside its interval, so that a reader trusts the interval."""
+    out = []
+    if BELOW_ZERO in marks:
+        out.append(
+            f"{BELOW_ZERO} TV below 0: the estimate is bias-corrected (plug-in minus its expectation under exact "
+            "sampling) and centred on 0 when the true TV is 0: indistinguishable from 0; the interval (never below "
+            "0) is the guarantee."
+        )
+    if BELOW_INTERVAL in marks:
+        out.append(
+            f"{BELOW_INTERVAL} TV below its interval: under a lossy law the bias correction over-subtracts (by at "
+            "most the plug-in's expectation under exact sampling); the interval is the guarantee."
+        )
+    if kl_negative:
+        out.append(
+            f"{BELOW_ZERO} KL below 0: Miller-Madow corrected (plug-in minus (m - 1)/(2n), m distinct tokens seen): "
+            "indistinguishable from 0."
+        )
+    return out
 
 
 @dataclass(frozen=True)
@@ -119,8 +163,14 @@ class MeasureResult:
             f"{'stratum':>9} {'n':>7} {'TV (bias-corr.)':>15} {f'{self.level:.0%} interval':>19} "
             f"{'declared TV':>11} {'KL':>8}",
         ]
+        marks: set[str] = set()
+        kl_negative = False
         for s in self.by_block + self.by_position:
             e = s.estimate
+            mark = estimate_mark(e.tv, e.tv_lower)
+            marks.add(mark)
+            kl_mark = "*" if e.kl < 0 else ""
+            kl_negative = kl_negative or bool(kl_mark)
             declared = "" if s.declared_tv is None else f"{s.declared_tv:.4f}"
             coarse = (
                 ""
@@ -130,18 +180,21 @@ class MeasureResult:
                 )
             )
             lines.append(
-                f"{s.stratum:>9} {e.n:>7} {e.tv:>15.4f} [{e.tv_lower:.4f}, {e.tv_upper:.4f}] "
-                f"{declared:>11} {e.kl:>8.4f}{coarse}"
+                f"{s.stratum:>9} {e.n:>7} {e.tv:>14.4f}{mark or ' '} [{e.tv_lower:.4f}, {e.tv_upper:.4f}] "
+                f"{declared:>11} {e.kl:>8.4f}{kl_mark or ' '}{coarse}".rstrip()
             )
         if self.overall is not None:
             o = self.overall
             declared = "" if o.declared_tv is None else f", declared {o.declared_tv:.4f}"
+            mark = estimate_mark(o.tv, o.tv_lower)
+            marks.add(mark)
             lines.append(
-                f"mean TV per token over {o.positions} positions {o.tv:.4f} "
+                f"mean TV per token over {o.positions} positions {o.tv:.4f}{mark} "
                 f"[{o.tv_lower:.4f}, {o.tv_upper:.4f}] ({o.level:.0%} simultaneous){declared}"
             )
         if self.conformance_verdict is not None:
             lines.append(f"conformance to the declared law: {self.conformance_verdict}")
+        lines += estimate_notes(marks, kl_negative=kl_negative)
         return "\n".join(lines)
 
 

@@ -42,7 +42,7 @@ from specverify.core.errors import InvalidArgument
 from specverify.core.results import _jsonable
 from specverify.core.validation import check_int
 from specverify.drafter.costmodel import expected_tokens_per_round, speedup
-from specverify.verifier.measure import MeasureResult, measure_divergence
+from specverify.verifier.measure import MeasureResult, estimate_mark, estimate_notes, measure_divergence
 from specverify.verifier.tree.measure import measure_tree_divergence
 
 __all__ = ["SweepPoint", "SweepResult", "sweep", "DEFAULT_DRAFT_COST", "KINDS"]
@@ -95,18 +95,79 @@ class SweepResult:
         """Conformance verdict to the declared law per value (None without a declared law)."""
         return tuple(p.measure.conformance_verdict for p in self.points)
 
+    @property
+    def verdict_word(self) -> str:
+        """``"CONFORMS"``, ``"DOES NOT CONFORM"`` (any value fails its declared law) or ``"NO DECLARED LAW"``."""
+        graded = [v for v in self.verdicts if v is not None]
+        if not graded:
+            return "NO DECLARED LAW"
+        return "DOES NOT CONFORM" if "fail" in graded else "CONFORMS"
+
+    @property
+    def verdict_grade(self) -> str:
+        """The sweep's grade: ``"fail"``, ``"suspicious"``, ``"pass"``, or ``"none"`` without a declared law."""
+        graded = [v for v in self.verdicts if v is not None]
+        if not graded:
+            return "none"
+        return "fail" if "fail" in graded else "suspicious" if "suspicious" in graded else "pass"
+
+    def verdict_line(self) -> str:
+        """The answer first: conformance to the declared law over the settings, then the trade-off's two ends.
+
+        E.g. ``"CONFORMS to the declared law at 5/5 settings; 1 SUSPICIOUS (weight=0.3: a warning, the
+        gate passes). Best modelled speedup 3.70x at weight=0.1 (mean TV/token 0.464); closest to the
+        target: weight=0.9 (mean TV/token 0.055, 1.53x)."``
+        """
+        names = [f"{self.knob}={p.label}" for p in self.points]
+        graded = [(name, v) for name, v in zip(names, self.verdicts) if v is not None]
+        failing = [name for name, v in graded if v == "fail"]
+        suspicious = [name for name, v in graded if v == "suspicious"]
+        ungraded = [name for name, v in zip(names, self.verdicts) if v is None]
+        word = self.verdict_word
+        if not graded:
+            what = "a tree rule's law depends on the whole drafted tree" if self.kind == "tree" else "none was given"
+            parts = [f"{word}: conformance is not graded at any of the {len(names)} settings ({what})"]
+        elif failing:
+            parts = [f"{word} to the declared law at {len(failing)}/{len(graded)} settings ({', '.join(failing)})"]
+        else:
+            parts = [f"{word} to the declared law at {len(graded)}/{len(graded)} settings"]
+        if suspicious:
+            parts.append(
+                f"{len(suspicious)} SUSPICIOUS ({', '.join(suspicious)}: a warning, the gate passes; rerun with "
+                "another --seed)"
+            )
+        if graded and ungraded:
+            parts.append(f"no declared law at {', '.join(ungraded)}")
+        text = "; ".join(parts) + "."
+        measured = [p for p in self.points if p.measure.overall is not None]
+        if measured:
+            fast = max(measured, key=lambda p: p.speedup)
+            close = min(measured, key=lambda p: p.measure.overall.tv)  # type: ignore[union-attr]
+            tv = lambda p: f"mean TV/token {p.measure.overall.tv:.3f}"  # noqa: E731
+            if fast is close:
+                text += f" Best modelled speedup and smallest TV both at {self.knob}={fast.label}: {fast.speedup:.2f}x, {tv(fast)}."
+            else:
+                text += (
+                    f" Best modelled speedup {fast.speedup:.2f}x at {self.knob}={fast.label} ({tv(fast)}); closest to "
+                    f"the target: {self.knob}={close.label} ({tv(close)}, {close.speedup:.2f}x)."
+                )
+        return text
+
     def summary(self) -> str:
         """Plain-text table: value, mean TV per token with its interval, per-position intervals, tokens per pass, speedup."""
         head = (
             f"{self.subject}: {self.knob} swept on {self.scenario} ({'D' if self.kind == 'tree' else 'K'}={self.k}, tier={self.tier}, seed={self.seed}, "
             f"{self.level:.0%} intervals, draft cost {self.draft_cost:g} target passes)"
         )
-        lines = [head, f"{'value':>8} {'mean TV/token [interval]':>30} {'declared':>8} {'tok/pass':>8} "
+        lines = [self.verdict_line(), head, f"{'value':>8} {'mean TV/token [interval]':>30} {'declared':>8} {'tok/pass':>8} "
                  f"{'speedup':>7} {'conformance':>11}  in-block TV intervals"]  # fmt: skip
+        marks = set()
         for p in self.points:
             o = p.measure.overall
             declared = "" if o is None or o.declared_tv is None else f"{o.declared_tv:.4f}"
-            overall = "" if o is None else f"{o.tv:.4f} [{o.tv_lower:.4f}, {o.tv_upper:.4f}]"
+            mark = "" if o is None else estimate_mark(o.tv, o.tv_lower)
+            marks.add(mark)
+            overall = "" if o is None else f"{o.tv:.4f}{mark} [{o.tv_lower:.4f}, {o.tv_upper:.4f}]"
             blocks = " ".join(
                 f"{s.stratum.split('=')[1]}:[{s.estimate.tv_lower:.3f},{s.estimate.tv_upper:.3f}]"
                 for s in p.measure.by_block
@@ -116,7 +177,7 @@ class SweepResult:
                 f"{p.label:>8} {overall:>30} {declared:>8} {p.tokens_per_pass:>8.3f} {p.speedup:>7.3f} "
                 f"{verdict:>11}  {blocks}"
             )
-        return "\n".join(lines)
+        return "\n".join(lines + estimate_notes(marks))
 
 
 def _label(value: Any) -> str:

@@ -89,9 +89,14 @@ def jobs(seed: int = 0, tier: str = "smoke") -> list[tuple[str, str, list[str]]]
     return [(name, what, argv + run) for name, what, argv in out]
 
 
-def write_index(out_dir: Path, rows: list[tuple[str, str, object, float]], *, command: str) -> Path:
-    """Write ``out_dir/README.md``: one line per report (atomically)."""
+def write_index(
+    out_dir: Path, rows: list[tuple[str, str, object, float]], *, command: str, machine: str | None = None
+) -> Path:
+    """Write ``out_dir/README.md``: one line per report (atomically); ``machine`` says where the runtimes were taken."""
+    from specverify.core.machine import describe_machine
     from specverify.report.io import atomic_write_text
+
+    machine = machine or describe_machine()
 
     lines = [
         "# Example reports",
@@ -107,6 +112,9 @@ def write_index(out_dir: Path, rows: list[tuple[str, str, object, float]], *, co
             f"{_detectable(report)} | {seconds:.1f} s |"
         )
     lines += [
+        "",
+        f"Runtimes are this generating run's, whole audit, on {machine} when it started (a busy machine "
+        "makes them longer; `benchmarks/README.md` has figures taken idle).",
         "",
         "Each directory holds `report.json` (the versioned schema), `report.md` and a self-contained "
         "`report.html`. Every report records the `specverify audit` command that made it (its `command` field "
@@ -146,7 +154,9 @@ def generate_basic_reports(
     from specverify.report import write_report
 
     out_dir = Path(out_dir)
-    rows = []
+    from specverify.core.machine import describe_machine
+
+    rows, machine = [], describe_machine()
     for name, what, argv in jobs(seed, tier):
         if only and name not in only:
             continue
@@ -157,7 +167,9 @@ def generate_basic_reports(
         rows.append((name, what, report, seconds))
         if progress:
             progress(f"{name}: {report.verdict} ({seconds:.1f} s)")
-    write_index(out_dir, rows, command=f"specverify examples --out {out_dir} --seed {seed} --tier {tier}")
+    write_index(
+        out_dir, rows, command=f"specverify examples --out {out_dir} --seed {seed} --tier {tier}", machine=machine
+    )
     return rows
 
 
