@@ -35,7 +35,7 @@ from reference.rules import verify as reference_verify
 from reference.sampling import sample, uniform
 from specverify.core.results import Report
 from specverify.verifier.battery import check_greedy_verifier, check_verifier
-from specverify.verifier.scenarios import SCENARIOS, scenario_seed
+from specverify.verifier.scenarios import SCENARIOS, get_scenarios, scenario_seed
 
 
 # ---------------------------------------------------------------------------- variants
@@ -196,7 +196,12 @@ def test_progress_callback():
         scenarios=["pos2_least_likely_k2", "markov4_oracle_k8"],
         progress=lambda done, total, name: calls.append((done, total, name)),
     )
-    assert calls == [(0, 2, "pos2_least_likely_k2"), (1, 2, "markov4_oracle_k8"), (2, 2, "")]
+    scenarios = get_scenarios(["pos2_least_likely_k2", "markov4_oracle_k8"])
+    total = sum(s.num_groups("smoke") * s.batch_size * s.length for s in scenarios)  # emitted tokens
+    assert calls[0] == (0, total, "pos2_least_likely_k2 (0/2 scenarios done)") and calls[-1] == (total, total, "")
+    assert len(calls) == 2 + sum(s.num_groups("smoke") for s in scenarios)  # a call per group in between
+    assert [d for d, _, _ in calls] == sorted(d for d, _, _ in calls)
+    assert ("markov4_oracle_k8 (1/2 scenarios done)") in {name for _, _, name in calls}
 
 
 # ---------------------------------------------------------------------------- mutants

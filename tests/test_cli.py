@@ -46,6 +46,42 @@ def test_audit_without_target_is_usage_error(capsys):
     assert main(["audit", "--decoder", "reference.rules:verify"]) == EXIT_USAGE
 
 
+class _Terminal(io.StringIO):
+    """A fake terminal: the bar redraws its line with carriage returns."""
+
+    def isatty(self):
+        return True
+
+
+def test_progress_bar_moves_as_groups_finish_in_a_terminal():
+    """A real battery run into a fake terminal: the line is redrawn as groups finish, with tokens,
+    scenarios and an ETA, and ends once at 100%."""
+    import specverify as sv
+    from reference.rules import verify
+
+    terminal = _Terminal()
+    sv.check_verifier(verify, scenarios=["pos2_least_likely_k2", "markov4_oracle_k8"],
+                      progress=Progress(terminal, delay=0, redraw=0))  # fmt: skip
+    frames = [f.strip() for f in terminal.getvalue().split("\r") if f.strip()]
+    percents = [int(f.split("]")[1].split("%")[0]) for f in frames]
+    assert len(set(p for p in percents if 0 < p < 100)) >= 8, frames  # 16 groups: the bar moves
+    assert percents == sorted(percents) and percents[-1] == 100
+    assert "tokens" in frames[1] and "scenarios done" in frames[1] and "ETA" in frames[1]
+    assert "markov4_oracle_k8" in terminal.getvalue() and terminal.getvalue().count("\n") == 1
+    assert "ETA" not in frames[-1]
+
+
+def test_progress_in_a_log_is_a_line_every_interval():
+    from specverify.core.progress import ProgressState
+
+    log = io.StringIO()
+    bar = Progress(log, delay=0, interval=3600)
+    for done in range(0, 11):
+        bar.update(ProgressState(done, 10, "tokens", done // 5, 2, "a" if done < 5 else "b", 1.0 + done))
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("[") and "0%" in lines[0] and "100%" in lines[1]
+
+
 def test_progress_bar_stays_silent_for_fast_runs_and_draws_for_slow_ones():
     stream = io.StringIO()
     bar = Progress(stream, delay=3600)

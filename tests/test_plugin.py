@@ -520,3 +520,35 @@ def test_workers_and_backend_options_shard_the_run(fake):
     result.assert_outcomes(passed=2, deselected=len(sv_scenarios()) - 1)
     report = json.loads((fake.path / "out" / "report.json").read_text())
     assert report["extra"]["sharding"]["backend"] == "processes" and "--workers 2" in report["command"]
+
+
+def test_plugin_progress_lines_move_through_the_run():
+    """The plugin's progress writes through pytest's terminal reporter: tokens, scenarios, ETA, what runs."""
+    import contextlib
+
+    from specverify.cli.plugin import _PluginProgress
+    from specverify.core.progress import ProgressTracker
+
+    class Reporter:
+        def __init__(self):
+            self.lines = []
+
+        def write_line(self, line):
+            self.lines.append(line)
+
+    class Capture:
+        def global_and_fixture_disabled(self):
+            return contextlib.nullcontext()
+
+    reporter = Reporter()
+    tracker = ProgressTracker(_PluginProgress(reporter, Capture(), interval=0.0), [("a", 2, 100), ("b", 2, 100)])
+    tracker.begin()
+    for name in ("a", "b"):
+        for group in range(2):
+            tracker.group_done(name, group)
+    tracker.finish()
+    assert len(reporter.lines) == 4  # at the start and after each of the first three groups; not at the end
+    assert reporter.lines[0].startswith("specverify: 0% (0/400 tokens), 0/2 scenarios done")
+    assert reporter.lines[1].startswith("specverify: 25% (100/400 tokens), 0/2 scenarios done")
+    assert "ETA" in reporter.lines[1] and reporter.lines[1].endswith("running a")
+    assert reporter.lines[3].startswith("specverify: 75%") and reporter.lines[3].endswith("running b")

@@ -279,3 +279,50 @@ def test_inline_runs_on_one_torch_thread_and_restores_the_setting():
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+# ------------------------------------------------------------------------------- progress
+class _Recorder:
+    """A progress callback recording every call (``done``, ``total``, ``name``)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, done, total, name):
+        self.calls.append((done, total, name))
+
+    def check(self, total_tokens: int, *, moves_at_least: int) -> None:
+        dones = [d for d, _, _ in self.calls]
+        assert self.calls[0][0] == 0 and self.calls[-1] == (total_tokens, total_tokens, "")
+        assert dones == sorted(dones) and all(t == total_tokens for _, t, _ in self.calls)
+        inside = {d for d in dones if 0 < d < total_tokens}  # the bar moved between start and end
+        assert len(inside) >= moves_at_least, self.calls
+
+
+def _tokens(names) -> int:
+    return sum(s.num_groups("smoke") * s.batch_size * s.length for s in get_scenarios(names))
+
+
+@pytest.mark.parametrize(
+    "parallel",
+    [Parallel(), Parallel(workers=2, backend="threads", shards=2), Parallel(workers=2, shards=2)],
+    ids=["inline", "threads", "processes"],
+)
+def test_progress_moves_group_by_group_on_every_local_backend(parallel):
+    """Every group is reported as it finishes: 20 groups in 1 or 2 shards give >= 19 steps in between."""
+    recorder = _Recorder()
+    collect_runs(Job("verifier", verify, "smoke", 0), get_scenarios(SCENARIOS), tier="smoke", parallel=parallel,
+                 progress=recorder)  # fmt: skip
+    groups = sum(s.num_groups("smoke") for s in get_scenarios(SCENARIOS))
+    recorder.check(_tokens(SCENARIOS), moves_at_least=groups - 1)
+    names = [name for _, _, name in recorder.calls[1:-1]]
+    assert any("(1/2 scenarios done)" in name for name in names)
+
+
+def test_progress_counts_a_retried_shard_once(tmp_path):
+    recorder = _Recorder()
+    fault = KillOnce(str(tmp_path / "killed"), shard=1)
+    collect_runs(Job("verifier", verify, "smoke", 1, fault=fault), get_scenarios(SCENARIOS), tier="smoke",
+                 parallel=Parallel(shards=4, workers=2), progress=recorder)  # fmt: skip
+    assert fault.fired()
+    recorder.check(_tokens(SCENARIOS), moves_at_least=4)

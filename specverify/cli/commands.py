@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import math
 import shlex
 import sys
 import time
@@ -47,28 +48,46 @@ TIERS = ("smoke", "standard", "deep")
 
 
 class Progress:
-    """A progress bar on stderr that appears only once a run has taken more than ``delay`` seconds."""
+    """A progress bar on stderr: work done, scenarios done, elapsed time and ETA.
 
-    def __init__(self, stream=None, *, delay: float = 2.0, width: int = 30):
+    It appears once a run has taken more than ``delay`` seconds (a fast run prints nothing).
+    On a terminal it redraws one line (at most every ``redraw`` seconds); otherwise (a CI
+    log) it writes a line at most every ``interval`` seconds, and the last one.  The batteries
+    call :meth:`update` with a :class:`~specverify.core.progress.ProgressState` as their groups
+    finish; :meth:`__call__` takes the plain ``(done, total, name)`` form.
+    """
+
+    def __init__(self, stream=None, *, delay: float = 2.0, width: int = 24, redraw: float = 0.1, interval: float = 5.0):
         self.stream = stream if stream is not None else sys.stderr
-        self.delay, self.width = delay, width
+        self.delay, self.width, self.redraw, self.interval = delay, width, redraw, interval
         self.start = time.perf_counter()
-        self.shown = False
+        self.shown = self.closed = False
+        self.last = -math.inf
         self.interactive = bool(getattr(self.stream, "isatty", lambda: False)())
 
     def __call__(self, done: int, total: int, name: str = "") -> None:
+        from specverify.core.progress import ProgressState
+
         elapsed = time.perf_counter() - self.start
-        if elapsed < self.delay and done < total:
+        self.update(ProgressState(done, total, "done", 0, 0, name, elapsed))
+
+    def update(self, state) -> None:
+        """Draw a :class:`~specverify.core.progress.ProgressState`."""
+        finished = state.done >= state.total
+        if self.closed or (state.elapsed < self.delay and not finished):
             return
-        if not self.shown and done >= total:
+        if not self.shown and finished:
             return  # finished before the bar was worth drawing
-        self.shown = True
-        filled = int(self.width * done / max(total, 1))
+        now = time.perf_counter()
+        if not finished and now - self.last < (self.redraw if self.interactive else self.interval):
+            return
+        self.shown, self.last, self.closed = True, now, finished
+        filled = int(self.width * state.done / max(state.total, 1))
         bar = "#" * filled + "-" * (self.width - filled)
-        line = f"[{bar}] {done}/{total} {elapsed:6.1f}s {name}"
+        line = f"[{bar}] {state.describe()} {state.current}".rstrip()
         if self.interactive:
-            self.stream.write("\r" + line[:120].ljust(120))
-            if done >= total:
+            self.stream.write("\r" + line[:150].ljust(150))
+            if finished:
                 self.stream.write("\n")
         else:
             self.stream.write(line + "\n")

@@ -202,23 +202,34 @@ def _load_verify(spec: str):
     return obj
 
 
+class _PluginProgress:
+    """Progress through pytest's terminal reporter: a line at most every ``interval`` seconds of a long run."""
+
+    def __init__(self, reporter, capture, interval: float = 5.0):
+        self.reporter, self.capture, self.interval = reporter, capture, interval
+        self.last = time.perf_counter()
+
+    def __call__(self, done: int, total: int, name: str = "") -> None:
+        from specverify.core.progress import ProgressState
+
+        self.update(ProgressState(done, total, "done", 0, 0, name, time.perf_counter() - self.last))
+
+    def update(self, state) -> None:
+        now = time.perf_counter()
+        if state.done < state.total and now - self.last >= self.interval:
+            self.last = now
+            running = f"; running {state.current}" if state.current else ""
+            with self.capture.global_and_fixture_disabled():
+                self.reporter.write_line(f"specverify: {state.describe()}{running}")
+
+
 def _progress(config: pytest.Config):
-    """``progress(done, total, name)`` printing through the terminal reporter every >= 5 s of a long run."""
+    """The battery's progress callback: pytest's terminal reporter every >= 5 s (None when quiet)."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     capture = config.pluginmanager.get_plugin("capturemanager")
     if reporter is None or capture is None or config.get_verbosity() < 0:
         return None
-    start = last = time.perf_counter()
-
-    def progress(done: int, total: int, name: str = "") -> None:
-        nonlocal last
-        now = time.perf_counter()
-        if done < total and now - last >= 5.0:
-            last = now
-            with capture.global_and_fixture_disabled():
-                reporter.write_line(f"specverify: {done}/{total} scenarios done, {now - start:.0f} s, next {name}")
-
-    return progress
+    return _PluginProgress(reporter, capture)
 
 
 def _run(session: pytest.Session, state: State) -> Outcome:

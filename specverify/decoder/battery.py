@@ -192,7 +192,9 @@ def check_decoder(
     alpha : float
         Family-wise false-alarm rate of the whole run.
     progress : callable, optional
-        ``progress(done, total, name)`` after every stage.
+        Told after each of a prompt's three stages (generate, determinism, statistics):
+        ``progress(done, total, name)`` in stages, or ``progress.update(state)``
+        (:mod:`specverify.core.progress`); with sharding, as each prompt finishes.
     prompts : 1-D token sequence or sequence of them, optional
         Replace the derived prompts (one scenario per prompt).
     greedy : bool or None
@@ -282,14 +284,18 @@ def check_decoder(
         _scenario_record(run, f"prompt{i}", p, V, k, _prompt_seeds(seed, i, run.mode))
         for i, p in enumerate(prompt_list)
     ]
-    task = PromptTask(run, tuple(prompt_list), tuple(records), ProgressTicker(progress, _STAGES * len(prompt_list)))
     if parallel.default:
+        ticker = ProgressTicker(progress, [(r["name"], _STAGES) for r in records])
+        task = PromptTask(run, tuple(prompt_list), tuple(records), ticker)
+        ticker.begin()
         outputs = [task(i)[0] for i in range(len(prompt_list))]
+        ticker.finish()
         sharding = None
-    else:  # one unit per prompt: every prompt's seeds derive from (seed, prompt index)
+    else:  # one unit per prompt: every prompt's seeds derive from (seed, prompt index); progress in prompts
+        task = PromptTask(run, tuple(prompt_list), tuple(records))
         collected = collect_runs(
-            Job("task", dataclasses.replace(task, tick=None), tier, seed), [TaskUnits("prompts", len(prompt_list))],
-            tier=tier, parallel=parallel,
+            Job("task", task, tier, seed), [TaskUnits("prompts", len(prompt_list))],
+            tier=tier, parallel=parallel, progress=progress,
         )  # fmt: skip
         outputs, sharding = [output for output, _ in collected.runs["prompts"]], collected.record
     for (res, failure, scenario, summary, secs), record in zip(outputs, records):
@@ -414,14 +420,14 @@ class PromptTask:
 
     def __call__(self, i: int):
         t0 = time.perf_counter()
-        tick = self.tick or ProgressTicker(None, 0)
+        tick = self.tick or ProgressTicker(None, ())
         scenario, summary = dict(self.records[i]), {}  # type: dict, dict
         name = scenario["name"]
         try:
             results, error = _check_prompt(self.run, scenario, self.prompts[i], summary, tick), None
         except ImplementationError as exc:
             results, error = [_protocol_result(name, str(exc), scenario["n"])], f"{name}: {exc}"
-            tick(f"{name}: implementation error", done=_STAGES * (i + 1))
+            tick(name, finished=True)
         return (results, error, scenario, summary, time.perf_counter() - t0), None
 
 
@@ -434,7 +440,7 @@ def _check_prompt(run: _Run, scenario: dict, prompt: torch.Tensor, summary: dict
     )  # (N, L)
     summary["generate_seconds"] = time.perf_counter() - t_gen
     summary["tokens_per_second"] = N * L / max(summary["generate_seconds"], 1e-9)
-    tick(f"{name}: generate")
+    tick(name)
     check_determinism(
         run.generate,
         prompt,
@@ -444,7 +450,7 @@ def _check_prompt(run: _Run, scenario: dict, prompt: torch.Tensor, summary: dict
         vocab_size=V,
     )
     results = [_protocol_result(name, None, N)]
-    tick(f"{name}: determinism")
+    tick(name)
     if run.mode == "greedy":
         results.append(_greedy_result(run.target, prompt, tokens, V, name))
     elif run.mode == "exact":
@@ -462,7 +468,7 @@ def _check_prompt(run: _Run, scenario: dict, prompt: torch.Tensor, summary: dict
         vocab = V if V is not None else int(max(tokens.max(), ref_tokens.max())) + 1
         scenario["vocab_size"] = vocab
         results += analyse_two_sample(tokens, ref_tokens, vocab, scenario=name, plan=run.exact_plan)
-    tick(f"{name}: statistics")
+    tick(name)
     return results
 
 

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from specverify.core.errors import ImplementationError, InvalidArgument
+from specverify.core.progress import ProgressTracker
 from specverify.core.validation import check_tokens
 
 __all__ = [
@@ -244,15 +245,32 @@ def target_conditionals(target, sequences: torch.Tensor, start: int, vocab_size:
 
 
 class ProgressTicker:
-    """Counts finished stages and reports ``progress(done, total, name)`` (a no-op without a callback)."""
+    """Progress in stages of named items (a decoder battery's prompts, a drafter audit's parts).
 
-    def __init__(self, progress, total: int):
-        self.progress, self.total, self.done = progress, total, 0
+    ``tick(name)`` after each stage of ``name``; ``tick(name, finished=True)`` when ``name``
+    ends early (an implementation error).  ``stages`` is ``[(name, number of stages)]`` in run
+    order; ``progress`` is told as :class:`~specverify.core.progress.ProgressTracker` says
+    (``done``/``total`` in stages), first before any stage (:meth:`begin`) and last with all
+    done (:meth:`finish`).  A no-op without a callback.
+    """
 
-    def __call__(self, name: str, *, done: int | None = None) -> None:
-        self.done = self.done + 1 if done is None else done
-        if self.progress is not None:
-            self.progress(self.done, self.total, name)
+    def __init__(self, progress, stages):
+        self.tracker = ProgressTracker(progress, [(name, n, 1) for name, n in stages], unit="stages")
+        self.counts: dict[str, int] = {}
+
+    def __call__(self, name: str, *, finished: bool = False) -> None:
+        if finished:
+            self.tracker.scenario_done(name)
+            return
+        stage = self.counts.get(name, 0)
+        self.counts[name] = stage + 1
+        self.tracker.group_done(name, stage)
+
+    def begin(self) -> None:
+        self.tracker.begin()
+
+    def finish(self) -> None:
+        self.tracker.finish()
 
 
 def generate_on(generate, device: torch.device):

@@ -179,7 +179,9 @@ def audit_drafter(
     alpha : float
         Family-wise false-alarm rate of the whole audit.
     progress : callable, optional
-        ``progress(done, total, name)`` after every stage.
+        Told after each stage (each consistency prompt, the pipeline, the efficiency
+        run): ``progress(done, total, name)`` in stages, or ``progress.update(state)``
+        (:mod:`specverify.core.progress`).
     k : int, optional
         Draft length K (default: ``drafter.k`` if it is an int, else 4).
     draft_cost : float, optional
@@ -261,7 +263,9 @@ def audit_drafter(
         "target": implementation_name(target),
         "tier_plan": dataclasses.asdict(plan),
     }
-    tick = ProgressTicker(progress, plan.num_prompts + 2)
+    stages = [(f"consistency:prompt{i}", 1) for i in range(plan.num_prompts)] + [("pipeline", 1), ("efficiency", 1)]
+    tick = ProgressTicker(progress, stages)
+    tick.begin()
 
     try:
         V = next_token_probs(target, torch.zeros(1, 1, dtype=torch.long)).shape[-1]
@@ -286,6 +290,7 @@ def audit_drafter(
     cost = dict(draft_cost=draft_cost, model_params=model_params, bandwidth=bandwidth, bytes_per_param=bytes_per_param)
     extra.update(_efficiency_part(decoder, prompts, V, k, plan, seed, alpha, cost, out, tick))
 
+    tick.finish()
     graded, verdict = stats.grade_run(out.results, out.errors, alpha=alpha)
     extra["diagnosis"] = _diagnosis(graded, out.errors)
     out.timings["total"] = time.perf_counter() - started

@@ -3,7 +3,12 @@
 ``execute(job, shards, backend=..., workers=..., on_output=...)`` calls ``on_output`` in the
 driver once per finished shard, in completion order (callers that need a fixed order --
 the anytime stopping rule -- buffer by shard index).  ``on_output`` returning True stops the
-run: unfinished shards are cancelled.
+run: unfinished shards are cancelled.  ``on_group(scenario, group)``, when given, is called in
+the driver as each group finishes, for progress: inline directly; from threads through a queue
+and from worker processes through a pipe (one write of a few bytes per group, atomic on a
+pipe, so a killed worker cannot leave half a message), both read while the driver waits for
+shards; on Ray only the shards' outputs say which groups finished.  A group may be reported
+twice (a retried shard): the caller counts it once.
 
 Faults.  A shard whose worker dies (SIGKILL, OOM, a lost node) or that raises anything but an
 implementation error -- an *infrastructure* error -- is run again, up to ``retries`` more
@@ -36,6 +41,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import queue
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 
@@ -121,6 +127,7 @@ def execute(
     on_output: Callable[[ShardOutput], bool | None],
     retries: int = 2,
     ray_address: str | None = None,
+    on_group: Callable[[str, int], None] | None = None,
 ) -> list[dict]:
     """Run every shard (see the module docstring); return the infrastructure incidents.
 
@@ -137,14 +144,14 @@ def execute(
     if backend == "inline":
         with _one_torch_thread():
             for shard in shards:
-                if on_output(run_shard(job, shard)):
+                if on_output(run_shard(job, shard, on_group)):
                     break
         return []
     if backend == "threads":
-        return _threads(job, shards, workers, on_output)
+        return _threads(job, shards, workers, on_output, on_group)
     if backend == "processes":
         _check_picklable(job)
-        return _processes(job, shards, workers, on_output, retries)
+        return _processes(job, shards, workers, on_output, retries, on_group)
     return _ray(job, shards, workers, on_output, retries, ray_address)
 
 
@@ -198,14 +205,28 @@ def _one_torch_thread():
         torch.set_num_threads(previous)
 
 
-def _threads(job, shards, workers, on_output) -> list[dict]:
+#: Seconds the driver waits for a shard before it reads the groups reported meanwhile.
+POLL_SECONDS = 0.25
+
+
+def _threads(job, shards, workers, on_output, on_group) -> list[dict]:
     """Shards on ``workers`` threads of this process; ``on_output`` is called in this thread, in completion order."""
+    events: queue.SimpleQueue = queue.SimpleQueue()
+
+    def report(scenario: str, group: int) -> None:
+        events.put((scenario, group))
+
+    def drain() -> None:
+        while on_group is not None and not events.empty():
+            on_group(*events.get())
+
     with _one_torch_thread():  # as in a worker process: each shard's operators run serially
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="specverify-shard")
         try:
-            pending = {pool.submit(run_shard, job, shard) for shard in shards}
+            pending = {pool.submit(run_shard, job, shard, report if on_group else None) for shard in shards}
             while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                done, pending = wait(pending, timeout=POLL_SECONDS, return_when=FIRST_COMPLETED)
+                drain()
                 for future in done:
                     if on_output(future.result()):  # a decisive stop: the shards not started are cancelled
                         return []
@@ -214,44 +235,87 @@ def _threads(job, shards, workers, on_output) -> list[dict]:
             pool.shutdown(wait=True, cancel_futures=True)  # running shards finish: a thread cannot be killed
 
 
-def _init_worker() -> None:
+#: The write end of the driver's group pipe in a worker process (set by :func:`_init_worker`).
+_GROUP_PIPE = None
+
+
+def _init_worker(pipe=None) -> None:
     import torch
 
+    global _GROUP_PIPE
+    _GROUP_PIPE = pipe
     torch.set_num_threads(1)  # one core per worker process
 
 
-def _processes(job, shards, workers, on_output, retries) -> list[dict]:
+def _send_group(scenario: str, group: int) -> None:
+    assert _GROUP_PIPE is not None
+    _GROUP_PIPE.send_bytes(f"{group}\t{scenario}".encode())  # one short write: atomic on a pipe
+
+
+def _run_reported_shard(job: Job, shard: Shard) -> ShardOutput:
+    """:func:`run_shard` in a worker process, its groups reported through the driver's pipe."""
+    return run_shard(job, shard, _send_group if _GROUP_PIPE is not None else None)
+
+
+def _drain_pipe(reader, on_group) -> None:
+    """Every group a worker reported since the last call (never blocks)."""
+    if reader is None or on_group is None:
+        return
+    while reader.poll():
+        group, scenario = reader.recv_bytes().decode().split("\t", 1)
+        on_group(scenario, int(group))
+
+
+def _processes(job, shards, workers, on_output, retries, on_group) -> list[dict]:
     attempts = _Attempts(retries)
     pending = {shard.index: shard for shard in shards}
     context = multiprocessing.get_context("spawn")
-    stopped = False
-    while pending:
-        pool = ProcessPoolExecutor(max_workers=min(workers, len(pending)), mp_context=context, initializer=_init_worker)
-        try:
-            futures = {pool.submit(run_shard, job, shard): shard for shard in pending.values()}
-            while futures:
-                done, _ = wait(futures, return_when=FIRST_COMPLETED)
-                for future in done:
-                    shard = futures.pop(future)
-                    try:
-                        output = future.result()
-                    except Exception as exc:  # a worker died (BrokenProcessPool) or an infrastructure error
-                        attempts.failed(shard, exc)
-                        continue
-                    del pending[shard.index]
-                    if on_output(output):
-                        stopped = True
-                        pending.clear()
-                        futures.clear()
-                        break
-        except BaseException:
-            _kill(pool)
-            raise
-        if stopped or pending:  # a decisive stop, or a broken pool: its workers go now
-            _kill(pool)
-        else:
-            pool.shutdown(wait=True)
+    reader, writer = context.Pipe(duplex=False) if on_group is not None else (None, None)
+    try:
+        while pending:
+            if _pool_round(job, pending, workers, on_output, attempts, context, (reader, writer), on_group):
+                break
+        _drain_pipe(reader, on_group)
+    finally:
+        for end in (reader, writer):
+            if end is not None:
+                end.close()
     return attempts.incidents
+
+
+def _pool_round(job, pending, workers, on_output, attempts, context, pipe, on_group) -> bool:
+    """One pool over the ``pending`` shards (each removed as it finishes); True on a decisive stop."""
+    reader, writer = pipe
+    stopped = False
+    pool = ProcessPoolExecutor(
+        max_workers=min(workers, len(pending)), mp_context=context, initializer=_init_worker, initargs=(writer,)
+    )
+    try:
+        futures = {pool.submit(_run_reported_shard, job, shard): shard for shard in pending.values()}
+        while futures:
+            done, _ = wait(futures, timeout=POLL_SECONDS, return_when=FIRST_COMPLETED)
+            _drain_pipe(reader, on_group)
+            for future in done:
+                shard = futures.pop(future)
+                try:
+                    output = future.result()
+                except Exception as exc:  # a worker died (BrokenProcessPool) or an infrastructure error
+                    attempts.failed(shard, exc)
+                    continue
+                del pending[shard.index]
+                if on_output(output):
+                    stopped = True
+                    pending.clear()
+                    futures.clear()
+                    break
+    except BaseException:
+        _kill(pool)
+        raise
+    if stopped or pending:  # a decisive stop, or a broken pool: its workers go now
+        _kill(pool)
+    else:
+        pool.shutdown(wait=True)
+    return stopped
 
 
 def _kill(pool: ProcessPoolExecutor) -> None:

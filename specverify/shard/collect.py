@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from specverify.core.errors import InvalidArgument
+from specverify.core.progress import ProgressTracker, scenario_plan
 from specverify.core.validation import check_int
 from specverify.shard.backends import check_backend, default_parallelism, execute
 from specverify.shard.plan import plan_shards
@@ -67,7 +68,6 @@ class _State:
 
     next: int = 0
     stopped: bool = False
-    done: int = 0
     pids: set = field(default_factory=set)
 
 
@@ -131,9 +131,10 @@ def collect_runs(
     ``parallel`` says how (shards, backend, workers, retries, Ray address; default: inline, in
     this process); its ``until_decisive`` is the caller's business (pass ``stop``).
 
-    ``progress(done, total, name)`` is called as scenarios complete (done < total) -- the
-    battery makes the final call.  ``stop(output)`` may end the run early (True); the
-    scenarios it did not complete are left out of ``runs``.
+    ``progress`` is told as each group finishes, in tokens (``batch_size * length`` a group;
+    :class:`~specverify.core.progress.ProgressTracker`): first with nothing done, last with
+    everything.  ``stop(output)`` may end the run early (True); the scenarios it did not
+    complete are left out of ``runs``.
     """
     parallel = Parallel() if parallel is None else parallel
     given_backend, given_workers = check_backend(parallel.backend, parallel.workers)  # as Parallel resolved them
@@ -158,17 +159,19 @@ def collect_runs(
     out = Collected()
     buffered: dict[int, ShardOutput] = {}
     state = _State()
+    tracker = ProgressTracker(progress, scenario_plan(scenarios, tier))
+    tracker.begin()
 
     def on_output(output: ShardOutput) -> bool:
         state.pids.add(output.pid)
         for g in output.groups:
             groups[g.scenario].append(g)
-            have[g.scenario] += g.run.groups if isinstance(g.run, Analysed) else 1
-            if have[g.scenario] == wanted[g.scenario]:
-                state.done += 1
-                if progress is not None and state.done < len(wanted):  # the next scenario still running
-                    following = next(n for n in wanted if have[n] < wanted[n])
-                    progress(state.done, len(wanted), following)
+            if isinstance(g.run, Analysed):
+                have[g.scenario] += g.run.groups
+                tracker.scenario_done(g.scenario)
+            else:
+                have[g.scenario] += 1
+                tracker.group_done(g.scenario, g.group)
         if stop is None:
             return False
         buffered[output.index] = output
@@ -187,7 +190,9 @@ def collect_runs(
         on_output=on_output,
         retries=parallel.retries,
         ray_address=ray_address,
+        on_group=tracker.group_done if progress is not None else None,
     )
+    tracker.finish()
     merge_start = time.perf_counter()
     for name, outputs in groups.items():
         if have[name] < wanted[name]:
@@ -254,8 +259,6 @@ def run_battery(job: Job, scenarios: Sequence, *, tier: str, alpha: float, paral
 
     if not scenarios:  # e.g. every chosen tree scenario skipped
         return BatteryOutcome([], [], {}, {}, {})
-    if progress is not None:
-        progress(0, len(scenarios), scenarios[0].name)
     stopper = AnytimeStop(scenarios, alpha=alpha, tree=job.kind == "tree_verifier") if parallel.until_decisive else None
     if stopper is None:  # the stopping rule needs the records of every group
         job = dataclasses.replace(job, analyse=analyse)
@@ -287,6 +290,4 @@ def run_battery(job: Job, scenarios: Sequence, *, tier: str, alpha: float, paral
     if not parallel.default or collected.record.get("backend") != "inline":  # asked for, or chosen by default
         extra["sharding"] = collected.record
     timings = {**collected.seconds}
-    if progress is not None:
-        progress(len(scenarios), len(scenarios), "")
     return BatteryOutcome(list(graded), errors, timings, collected.cpu_seconds, extra, summaries)

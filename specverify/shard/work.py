@@ -156,8 +156,12 @@ def _run_group(job: Job, scenario, target, drafter, group: int, setup=None):
     )  # fmt: skip
 
 
-def run_shard(job: Job, shard: Shard) -> ShardOutput:
-    """Run every group of ``shard``; implementation errors are recorded, anything else propagates."""
+def run_shard(job: Job, shard: Shard, on_group=None) -> ShardOutput:
+    """Run every group of ``shard``; implementation errors are recorded, anything else propagates.
+
+    ``on_group(scenario name, group)`` is called as each group finishes (progress; see
+    :mod:`specverify.shard.backends` for how it reaches the driver from other threads and processes).
+    """
     from specverify.shard.faults import from_environment
 
     fault = job.fault if job.fault is not None else from_environment()
@@ -170,6 +174,8 @@ def run_shard(job: Job, shard: Shard) -> ShardOutput:
                 output, error = job.implementation(group)
                 elapsed = time.perf_counter() - t0
                 outputs.append(GroupOutput(item.scenario, group, output, error, elapsed, time.process_time() - c0))
+                if on_group is not None:
+                    on_group(item.scenario, group)
                 if fault is not None and len(outputs) == 1:
                     fault(shard.index)
             continue
@@ -187,6 +193,8 @@ def run_shard(job: Job, shard: Shard) -> ShardOutput:
             outputs.append(
                 GroupOutput(scenario.name, group, run, error, time.perf_counter() - t0, time.process_time() - c0)
             )
+            if on_group is not None:
+                on_group(scenario.name, group)
             if fault is not None and len(outputs) == 1:
                 fault(shard.index)
         if job.analyse is not None and item.start == 0 and item.stop == scenario.num_groups(job.tier):

@@ -43,6 +43,7 @@ from reference.rules import greedy_verify
 from specverify import stats
 from specverify.core.devices import check_device, check_prob_dtype, device_extra, device_keywords
 from specverify.core.errors import ImplementationError, InvalidArgument
+from specverify.core.progress import ProgressTracker
 from specverify.core.repro import python_repro
 from specverify.core.results import FAIL, Report, TestResult, protocol_result
 from specverify.core.tables import TableModel
@@ -351,8 +352,11 @@ def check_verifier(
     scenarios : sequence of str, optional
         Run only these scenarios (by name).
     progress : callable, optional
-        ``progress(done_scenarios, total, name)``, called before each scenario (done < total)
-        and once at the end (done == total, name "").
+        Told as each group of the harness finishes (:mod:`specverify.core.progress`):
+        ``progress(done, total, name)`` in emitted tokens, ``name`` the running scenario and
+        how many are done (``""`` at the end), or ``progress.update(state)`` when it has an
+        ``update`` method; first with nothing done, last with everything.  The greedy battery
+        counts scenarios.
     implementation : str, optional
         Name recorded in the report (default: ``module:qualname`` of ``verify``).
     device : str or torch.device, optional
@@ -398,17 +402,17 @@ def check_verifier(
     start, cpu_start = time.perf_counter(), time.process_time()
     results, errors, timings, cpu, extra = [], [], {}, {}, {}
     if greedy:
-        for i, scenario in enumerate(chosen):
-            if progress is not None:
-                progress(i, len(chosen), scenario.name)
+        tracker = ProgressTracker(progress, [(s.name, 1, 1) for s in chosen], unit="scenarios")
+        tracker.begin()
+        for scenario in chosen:
             cpu_scenario = time.process_time()
             res, errs, secs = _run_greedy_scenario(verify, scenario, tier=tier, seed=seed, device=dev, dtype=prob_dtype)
             results += res
             errors += errs
             timings[scenario.name] = secs
             cpu[scenario.name] = time.process_time() - cpu_scenario
-        if progress is not None:
-            progress(len(chosen), len(chosen), "")
+            tracker.group_done(scenario.name, 0)
+        tracker.finish()
         graded = stats.grade(results, alpha=alpha)
     else:
         analyse = functools.partial(analyse_scenario, alpha=alpha, seed=seed)

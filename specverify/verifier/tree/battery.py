@@ -190,7 +190,8 @@ def check_tree_verifier(
         Run only scenarios whose children are drawn this way (for a verifier that supports
         only some sibling modes, e.g. EAGLE's top-k rule).
     progress : callable, optional
-        ``progress(done, total, name)`` before each scenario and once at the end.
+        Told as each group finishes, in emitted tokens, as for
+        :func:`specverify.check_verifier` (:mod:`specverify.core.progress`).
     implementation : str, optional
         Name recorded in the report.
     device : str or torch.device, optional
