@@ -28,6 +28,8 @@ import sys
 import tempfile
 import time
 
+from specverify.core.machine import describe_machine
+
 AUDIT = [
     os.path.join(os.path.dirname(sys.executable), "specverify"),
     "audit",
@@ -55,6 +57,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--busy", action="store_true", help="hold one core with a busy loop meanwhile")
     args = parser.parse_args()
+    print(f"# {describe_machine()} before the first run")
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
     try:
         for name, extra in CONFIGS.items():

@@ -19,7 +19,7 @@ Mutants (must fail): residual = p, always accept, bonus from the residual row, o
 uniform shared across the block, batch rows mixed (row i's replacement token written
 into row i+1), continuing after the first rejection; and broken kernels (out-of-vocab
 tokens, wrong shapes, raising, nondeterministic) that must be reported as
-ImplementationError with verdict "fail".
+ImplementationError with verdict "error" (the implementation could not be tested).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 from reference.rules import greedy_verify
 from reference.rules import verify as reference_verify
 from reference.sampling import sample, uniform
-from specverify.core.results import Report
+from specverify.core.results import Report, error_groups
 from specverify.verifier.battery import check_greedy_verifier, check_verifier
 from specverify.verifier.scenarios import SCENARIOS, get_scenarios, scenario_seed
 
@@ -276,10 +276,15 @@ def _wrong_prefix(target_probs, draft_probs, draft_tokens, *, generator):
 )
 def test_broken_kernels_are_reported(broken, fragment):
     report = check_verifier(broken, scenarios=["pos8_uniform_k4", "markov8_temperature_k2"], seed=0)
-    assert report.verdict == "fail" and not report.passed
+    assert report.verdict == "error" and not report.passed
     assert len(report.errors) == 2, report.errors
     assert all(fragment in e for e in report.errors), report.errors
-    assert any(r.family == "protocol" and r.grade == "fail" for r in report.results)
+    assert any(r.family == "protocol" and r.grade == "fail" for r in report.results)  # the record of each error
+    groups = error_groups(report)  # each distinct error once, with the scenarios that met it
+    assert sorted(n for g in groups for n in g.scenarios) == ["markov8_temperature_k2", "pos8_uniform_k4"]
+    assert all(fragment in g.message and not g.message.startswith("pos8") for g in groups), groups
+    assert "ERROR (the implementation could not be tested)" in report.summary()
+    assert not any("[FAIL] protocol" in line for line in report.summary().splitlines())
     json.loads(report.to_json())
 
 

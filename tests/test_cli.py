@@ -218,3 +218,45 @@ def test_factory_that_raises_is_one_line_and_debug_shows_the_traceback(capsys):
     assert main([*argv, "--debug"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "Traceback" in err and "_raising_factory" in err and err.rstrip().splitlines()[-1].startswith("specverify:")
+
+
+def test_a_raising_verifier_is_an_error_said_once_with_where_it_raised(tmp_path, capsys, monkeypatch):
+    """ERROR, not FAIL: one line for the error (the scenarios that met it, the file and line that
+    raised), exit 2, and the reports carry an error section instead of a counterexample."""
+    package = tmp_path / "mybad"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "spec.py").write_text(
+        "def verify(target_probs, draft_probs, draft_tokens, *, generator):\n"
+        "    raise ValueError('boom: unsupported shape')\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    scenarios = ["--scenario", "pos8_uniform_k4", "--scenario", "pos16_noisy_k1"]
+    assert main(["audit", "--verifier", "mybad.spec:verify", *scenarios, "--out", "out", "--no-plots"]) == 2
+    printed = capsys.readouterr().out
+    assert printed.count("boom") == 1, printed
+    assert "ERROR (the implementation could not be tested)" in printed
+    assert (
+        "implementation error in 2 of 2 scenarios (pos8_uniform_k4, pos16_noisy_k1): verifier raised "
+        "ValueError: boom: unsupported shape (at mybad/spec.py:2, in verify)"
+    ) in printed
+    assert "[FAIL]" not in printed and "0 failed, 0 suspicious, 0 passed; 2 of 2 scenarios not tested" in printed
+    html = (tmp_path / "out" / "report.html").read_text()
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "Implementation errors: 2 of 2 scenarios could not be tested" in html and html.count("boom") == 1
+    assert "Minimal counterexample" not in html and "Minimal counterexample" not in markdown
+    assert markdown.startswith("# specverify verifier audit: ERROR") and 'class="badge b-error"' in html
+
+
+def test_a_failed_test_outweighs_errors_elsewhere():
+    from specverify import stats
+    from specverify.core.results import TestResult, protocol_result
+
+    law = TestResult(statistic=9.0, pvalue=1e-9, name="gof", family="gof", method="m", n=100, scenario="a")
+    error = protocol_result("b", "verifier raised ValueError: x", 0, method="m")
+    graded, verdict = stats.grade_run([law, error], ["b: verifier raised ValueError: x"], alpha=1e-3)
+    assert verdict == "fail"  # tested where it could be, and wrong there: exit 1, not 2
+    graded, verdict = stats.grade_run([error], ["b: verifier raised ValueError: x"], alpha=1e-3)
+    assert verdict == "error"
+    assert stats.run_verdict([], []) == "fail"  # nothing tested, nothing said: never a silent pass

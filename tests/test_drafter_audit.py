@@ -240,7 +240,7 @@ class Broken:
 @pytest.mark.parametrize("how", ["raises", "shape", "nondeterministic"])
 def test_broken_drafter_is_an_implementation_error(table, how):
     report = audit_drafter(Broken(table, how), table, tier="smoke", seed=0, alpha=ALPHA, k=2)
-    assert report.verdict == "fail" and report.errors, report.summary()
+    assert report.verdict == "error" and report.errors, report.summary()
     assert report.extra["diagnosis"]["culprit"] == "protocol"
     assert any(r.family == "protocol" and r.pvalue == 0.0 for r in report.results)
 

@@ -261,9 +261,14 @@ def test_implementation_errors_fail_protocol_and_their_scenario(fake):
     result = fake.runpytest("--specverify-impl", "myimpl:broken", *FAKE)
     result.assert_outcomes(passed=2, failed=2)
     result.stdout.fnmatch_lines(
-        ["*: protocol FAILED", "  implementation error: scenario beta_markov: returned token 99 >= *"]
+        [
+            "*: protocol ERROR: the implementation could not be tested",
+            "  implementation error: scenario beta_markov: returned token 99 >= *",
+        ]
     )
-    result.stdout.fnmatch_lines(["*: scenario 'beta_markov' FAILED", "  implementation error: *"])
+    result.stdout.fnmatch_lines(
+        ["*: scenario 'beta_markov' ERROR: the implementation could not be tested", "  implementation error: *"]
+    )
     result.stdout.fnmatch_lines(["verifier myimpl:broken: FAIL *", "implementation error: scenario beta_markov: *"])
 
 

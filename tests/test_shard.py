@@ -114,7 +114,7 @@ def test_implementation_errors_are_findings_not_retries():
     report = sv.check_verifier(raising, tier="smoke", seed=0, scenarios=["pos8_uniform_k4"], workers=2)
     assert report.verdict == "fail" and report.extra["sharding"]["incidents"] == []
     broken = sv.check_verifier(_raises, tier="smoke", seed=0, scenarios=SCENARIOS, workers=2, shards=4)
-    assert broken.verdict == "fail" and len(broken.errors) == 2 and "raised" in broken.errors[0]
+    assert broken.verdict == "error" and len(broken.errors) == 2 and "raised" in broken.errors[0]
     assert broken.extra["sharding"]["incidents"] == []
 
 

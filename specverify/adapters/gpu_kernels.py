@@ -39,7 +39,7 @@ import torch
 
 from reference.rules import check_verifier_inputs
 from reference.sampling import sample
-from specverify.core.errors import ImplementationError
+from specverify.core.errors import ImplementationError, raised
 from specverify.core.validation import check_bool, check_generator
 from specverify.verifier.uniforms import seed_offset_in, uniforms_in
 
@@ -239,7 +239,7 @@ def vllm_rejection_sample_verifier():
         except ImplementationError:
             raise
         except Exception as exc:  # the implementation under test failed
-            raise ImplementationError(f"vLLM rejection_sample raised {type(exc).__name__}: {exc}") from exc
+            raise raised("vLLM rejection_sample", exc) from exc
         return from_padded(out, B, K, "vLLM rejection_sample")
 
     verify.__name__ = verify.__qualname__ = "vllm_rejection_sample"

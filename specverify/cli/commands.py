@@ -12,8 +12,9 @@
     specverify examples [--out reports]
     specverify demo
 
-Exit status of ``audit``: 0 pass (a "suspicious" verdict warns but passes), 1 fail,
-2 bad usage or a broken implementation (it raised, returned bad shapes or
+Exit status of ``audit``: 0 pass (a "suspicious" verdict warns but passes), 1 fail (a test
+failed, whether or not other scenarios hit implementation errors), 2 bad usage or the verdict
+"error": the implementation could not be tested (it raised, returned bad shapes or
 out-of-vocabulary tokens, or was not deterministic for a fixed seed).
 """
 
@@ -305,7 +306,7 @@ def _run_audit(args) -> int:
     print(report.to_json() if args.json else report.summary())
     if not args.json:
         print(f"report: {paths.get('html', paths.get('json'))}")
-    if report.errors:
+    if report.verdict == "error":  # the implementation could not be tested
         return EXIT_USAGE
     return EXIT_PASS if report.passed else EXIT_FAIL
 

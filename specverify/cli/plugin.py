@@ -42,6 +42,7 @@ import pytest
 
 from specverify.cli.plugin_messages import describe, label, mentions
 from specverify.cli.plugin_settings import DEFAULT_BATTERY, Settings, add_options, glob, read_settings, read_skips
+from specverify.core.results import error_groups, is_error_record
 
 __all__ = ["SuspiciousResultWarning", "SpecverifyItem"]
 
@@ -332,11 +333,11 @@ class SpecverifyItem(pytest.Item):
         if self.scenario is None:  # implementation errors, results no scenario item owns, an unexplained verdict
             owned = set(state.scenarios)
             results = [r for r in report.results if r.scenario not in owned] if owned else []
-            errors = list(report.errors)
+            errors = [f"{g.where()}: {g.message}".lstrip(": ") for g in error_groups(report)]  # each error once
             if report.verdict == "fail" and not errors and not any(r.grade == "fail" for r in report.results):
                 errors.append("verdict is 'fail' although no test failed and no implementation error was recorded")
         else:
-            results = [r for r in report.results if self.scenario in ("*", r.scenario)]
+            results = [r for r in report.results if self.scenario in ("*", r.scenario) and not is_error_record(r)]
             errors = [e for e in report.errors if self.scenario != "*" and mentions(str(e), self.scenario)]
         self._record(results, report)
         self._judge(results, errors, head, s)
@@ -371,8 +372,13 @@ class SpecverifyItem(pytest.Item):
                 pytest.skip(f"the battery produced no results for scenario {self.scenario!r}")
             return
         lines = [
-            f"{head}: {self.what} FAILED"
-            + (f": {len(failed)} of {len(results)} tests below their allocated alpha" if failed else "")
+            f"{head}: {self.what} "
+            + ("ERROR: the implementation could not be tested" if errors else "FAILED")
+            + (
+                f"{'; ' if errors else ': '}{len(failed)} of {len(results)} tests below their allocated alpha"
+                if failed
+                else ""
+            )
         ]
         lines += [f"  implementation error: {e}" for e in errors]
         lines += [describe(r, settings) for r in failed[:MAX_SHOWN]]
@@ -423,9 +429,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     )
     if outcome.note:
         tr.write_line(f"note: {outcome.note}")
-    for error in report.errors:
-        tr.write_line(f"implementation error: {error}", red=True)
-    worst = worst_first(report.results)
+    for group in error_groups(report):  # each error once, with the scenarios that met it
+        tr.write_line(f"implementation error{group.where(prefix=' ')}: {group.message}", red=True)
+    worst = worst_first([r for r in report.results if not is_error_record(r)])
     shown = [r for r in worst if r.grade in ("fail", "suspicious")][:MAX_SHOWN] or worst[:3]
     tr.write_line("worst tests:" if shown else "no tests")
     for r in shown:

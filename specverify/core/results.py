@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "ERROR",
+    "ErrorGroup",
     "FAIL",
     "PASS",
     "SCHEMA_VERSION",
@@ -26,6 +28,7 @@ __all__ = [
     "Report",
     "TestResult",
     "effect_size",
+    "error_groups",
     "protocol_result",
     "rank_flagged",
     "rank_key",
@@ -35,6 +38,9 @@ SCHEMA_VERSION = "specverify.report/1"
 
 PASS, SUSPICIOUS, FAIL = "pass", "suspicious", "fail"
 Grade = str  # one of PASS, SUSPICIOUS, FAIL
+#: A report's verdict when the implementation could not be tested: it raised, returned output
+#: of the wrong form or broke the protocol (``Report.errors``); the command exits 2.
+ERROR = "error"
 
 
 def _jsonable(value: Any) -> Any:
@@ -51,6 +57,41 @@ def _jsonable(value: Any) -> Any:
         return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if hasattr(value, "tolist"):  # numpy / torch scalars and arrays
         return _jsonable(value.tolist())
+    return value
+
+
+def from_jsonable(cls: type, data: Any) -> Any:
+    """Rebuild a (nested) frozen dataclass from its :func:`_jsonable` form.
+
+    Fields are read by their annotations: nested dataclasses, ``tuple[X, ...]`` of them,
+    ``X | None``, and floats written as ``"nan"``/``"inf"`` strings; keys that are not fields
+    (e.g. a derived ``label``) are ignored; anything else is taken as it is.
+    """
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {k: _value_of(hints.get(k, Any), v) for k, v in data.items() if k in names}
+    return cls(**values)
+
+
+def _value_of(hint: Any, value: Any) -> Any:
+    import types
+    import typing
+
+    if value is None:
+        return None
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in args if a is not type(None)]
+        return _value_of(options[0], value) if len(options) == 1 else value
+    if origin is tuple and isinstance(value, list):
+        item = args[0] if args else Any
+        return tuple(_value_of(item, v) for v in value)
+    if dataclasses.is_dataclass(hint) and isinstance(value, Mapping):
+        return from_jsonable(hint, value)
+    if hint is float and isinstance(value, str):
+        return float(value)
     return value
 
 
@@ -259,11 +300,14 @@ class Report:
     tier, seed, alpha
         The run's tier, root seed and family-wise error rate.
     verdict : str
-        ``"pass"``, ``"suspicious"`` (warns, passes the gate) or ``"fail"``.
+        ``"pass"``, ``"suspicious"`` (warns, passes the gate), ``"fail"`` (a test failed) or
+        ``"error"`` (the implementation could not be tested: ``errors`` says why).
     results : tuple of TestResult
         Every graded test.
     errors : tuple of str
-        ``ImplementationError`` messages (protocol violations); any makes the verdict ``"fail"``.
+        ``ImplementationError`` messages, ``"<scenario>: <what happened>"`` (the implementation
+        raised, returned output of the wrong form or broke the protocol); any makes the verdict
+        ``"error"``.  :func:`error_groups` folds the scenarios that met the same error.
     scenarios : tuple of dict
         The configuration of every scenario that ran (enough to reproduce it).
     timings : dict
@@ -300,8 +344,8 @@ class Report:
 
     @property
     def passed(self) -> bool:
-        """The gate: True unless the verdict is ``"fail"``."""
-        return self.verdict != FAIL
+        """The gate: True unless the verdict is ``"fail"`` or ``"error"``."""
+        return self.verdict not in (FAIL, ERROR)
 
     @property
     def failures(self) -> tuple[TestResult, ...]:
@@ -335,15 +379,22 @@ class Report:
 
     def summary(self) -> str:
         """A one-screen text summary."""
+        untested = " (the implementation could not be tested)" if self.verdict == ERROR else ""
+        tests = [r for r in self.results if not is_error_record(r)]
         lines = [
-            f"specverify {self.kind} audit of {self.implementation}: {self.verdict.upper()}",
-            f"tier={self.tier} seed={self.seed} alpha={self.alpha:g} tests={len(self.results)} "
+            f"specverify {self.kind} audit of {self.implementation}: {self.verdict.upper()}{untested}",
+            f"tier={self.tier} seed={self.seed} alpha={self.alpha:g} tests={len(tests)} "
             f"time={self.timings.get('total', float('nan')):.1f}s",
         ]
-        lines += [f"  implementation error: {e}" for e in self.errors]
-        flagged = rank_flagged(self.results)
-        counts = {g: sum(r.grade == g for r in self.results) for g in (FAIL, SUSPICIOUS, PASS)}
-        lines.append(f"  {counts[FAIL]} failed, {counts[SUSPICIOUS]} suspicious, {counts[PASS]} passed")
+        for group in error_groups(self):
+            lines.append(f"  implementation error{group.where(prefix=' ')}: {group.message}")
+        flagged = rank_flagged(tests)
+        counts = {g: sum(r.grade == g for r in tests) for g in (FAIL, SUSPICIOUS, PASS)}
+        untested_scenarios = {n for g in error_groups(self) for n in g.scenarios}
+        not_run = (
+            f"; {len(untested_scenarios)} of {len(self.scenarios)} scenarios not tested" if untested_scenarios else ""
+        )
+        lines.append(f"  {counts[FAIL]} failed, {counts[SUSPICIOUS]} suspicious, {counts[PASS]} passed{not_run}")
         if flagged:
             lines.append("  flagged tests, first failure first (lowest adjusted p, then largest observed TV):")
         lines += ["  " + r.summary() for r in flagged[:10]]
@@ -361,6 +412,54 @@ class Report:
 
             lines += terminal_lines(self)
         return "\n".join(lines)
+
+
+def is_error_record(result: TestResult) -> bool:
+    """Whether ``result`` only records an implementation error (a protocol result holding its message).
+
+    Such a record is not a test of the law: reports show its error (once, in
+    :func:`error_groups`) instead of listing it among failed tests.
+    """
+    details = result.details if isinstance(result.details, Mapping) else {}
+    return result.family == "protocol" and bool(details.get("error"))
+
+
+@dataclass(frozen=True)
+class ErrorGroup:
+    """One implementation error and the scenarios that met it (in the order they ran)."""
+
+    message: str
+    scenarios: tuple[str, ...]
+    total: int  # scenarios in the run
+
+    def where(self, limit: int = 3, *, prefix: str = "") -> str:
+        """``"in pos8_uniform_k4"``, ``"in 14 of 14 scenarios (pos8_uniform_k4, pos16_noisy_k1, ...)"``;
+        ``""`` when no scenario is known (``prefix`` goes before a non-empty answer)."""
+        if not self.scenarios:
+            return ""
+        if len(self.scenarios) == 1:
+            return f"{prefix}in {self.scenarios[0]}"
+        shown = ", ".join(self.scenarios[:limit]) + (", ..." if len(self.scenarios) > limit else "")
+        return f"{prefix}in {len(self.scenarios)} of {self.total} scenarios ({shown})"
+
+
+def error_groups(report: Report) -> list[ErrorGroup]:
+    """``report.errors`` with the scenarios that met the same error folded into one group.
+
+    An error reads ``"<scenario>: <message>"`` when a scenario of the run (``report.scenarios``
+    names) prefixes it; errors with equal messages form one group, in order of first appearance.
+    """
+    names = [str(s.get("name")) for s in report.scenarios if isinstance(s, Mapping) and s.get("name") is not None]
+    by_length = sorted(set(names), key=len, reverse=True)
+    groups: dict[str, list[str]] = {}
+    for error in report.errors:
+        text = str(error)
+        scenario = next((n for n in by_length if text.startswith(n + ": ")), None)
+        message = text[len(scenario) + 2 :] if scenario is not None else text
+        groups.setdefault(message, [])
+        if scenario is not None and scenario not in groups[message]:
+            groups[message].append(scenario)
+    return [ErrorGroup(message, tuple(where), max(len(names), 1)) for message, where in groups.items()]
 
 
 def protocol_result(scenario: str, error: str | None, n: int, *, method: str, position: str = "") -> TestResult:

@@ -47,7 +47,7 @@ from specverify import stats
 from specverify.core.devices import check_device
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.repro import python_repro
-from specverify.core.results import FAIL, Report, TestResult, protocol_result
+from specverify.core.results import ERROR, Report, TestResult, protocol_result
 from specverify.core.validation import check_int, check_run_options
 from specverify.shard.collect import Parallel, TaskUnits, collect_runs
 from specverify.shard.work import Job
@@ -265,7 +265,7 @@ def check_decoder(
         V = _vocab_size(run, decoder, reference, prompts)
     except ImplementationError as error:
         return Report(
-            verdict=FAIL,
+            verdict=ERROR,
             errors=(f"target: {error}",),
             timings={"total": time.perf_counter() - started},
             extra={"mode": run.mode},

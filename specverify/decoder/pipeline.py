@@ -43,7 +43,7 @@ import torch
 
 from reference.rules import verify as canonical_verify
 from specverify.core.devices import check_device, check_prob_dtype
-from specverify.core.errors import ImplementationError, InvalidArgument
+from specverify.core.errors import ImplementationError, InvalidArgument, raised
 from specverify.core.validation import check_int, check_tokens
 
 __all__ = [
@@ -287,10 +287,7 @@ class ProtocolDecoder:
                 try:
                     output = self.drafter.draft(prefix.clone(), K, generator=generator)
                 except Exception as error:
-                    raise ImplementationError(
-                        f"drafter.draft(prefix of shape {tuple(prefix.shape)}, {K}) raised "
-                        f"{type(error).__name__}: {error}"
-                    ) from error
+                    raise raised(f"drafter.draft(prefix of shape {tuple(prefix.shape)}, {K})", error) from error
                 draft_tokens, draft_probs = check_drafter_output(output, B, K, V)
                 target_probs = self._target_block(prefix, draft_tokens, V)  # (B, K+1, V)
                 tokens, num_emitted = self._verify(target_probs, draft_probs, draft_tokens, verify_gen)
@@ -329,9 +326,7 @@ class ProtocolDecoder:
         try:
             rows = self.target.next_token_probs(prefix.clone())
         except Exception as error:
-            raise ImplementationError(
-                f"target.next_token_probs(prefix of shape {tuple(prefix.shape)}) raised {type(error).__name__}: {error}"
-            ) from error
+            raise raised(f"target.next_token_probs(prefix of shape {tuple(prefix.shape)})", error) from error
         rows = torch.as_tensor(rows)
         want = (prefix.shape[0], V if V is not None else (rows.shape[-1] if rows.ndim == 2 else -1))
         if tuple(rows.shape) != want or not rows.is_floating_point():
@@ -350,9 +345,8 @@ class ProtocolDecoder:
             try:
                 rows = self.target.conditionals(extended.clone(), start=ell)
             except Exception as error:
-                raise ImplementationError(
-                    f"target.conditionals(sequences of shape {tuple(extended.shape)}, "
-                    f"start={ell}) raised {type(error).__name__}: {error}"
+                raise raised(
+                    f"target.conditionals(sequences of shape {tuple(extended.shape)}, start={ell})", error
                 ) from error
             rows = torch.as_tensor(rows)
             if tuple(rows.shape) != (B, K + 1, V) or not rows.is_floating_point():
@@ -381,7 +375,7 @@ class ProtocolDecoder:
         except InvalidArgument as error:
             raise ImplementationError(f"verify rejected the drafter's/target's rows: {error}") from error
         except Exception as error:
-            raise ImplementationError(f"verify raised {type(error).__name__}: {error}") from error
+            raise raised("verify", error) from error
         if not (isinstance(output, (tuple, list)) and len(output) == 2):
             raise ImplementationError(f"verify returned {type(output).__name__}, expected (tokens, num_emitted)")
         tokens, num_emitted = (torch.as_tensor(x) for x in output)

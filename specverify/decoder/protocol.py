@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specverify.core.errors import ImplementationError, InvalidArgument
+from specverify.core.errors import ImplementationError, InvalidArgument, raised
 from specverify.core.progress import ProgressTracker
 from specverify.core.validation import check_tokens
 
@@ -139,7 +139,7 @@ def call_generate(
     try:
         out = generate(prompt.clone(), num_samples=num_samples, max_new_tokens=max_new_tokens, seed=seed)
     except Exception as error:  # the implementation under test raised: report it, never crash
-        raise ImplementationError(f"{call} raised {type(error).__name__}: {error}") from error
+        raise raised(call, error) from error
     if not isinstance(out, torch.Tensor):
         try:
             out = torch.as_tensor(np.asarray(out))
@@ -212,9 +212,7 @@ def next_token_probs(target, prefix: torch.Tensor, vocab_size: int | None = None
     try:
         rows = target.next_token_probs(prefix)
     except Exception as error:
-        raise ImplementationError(
-            f"target.next_token_probs(prefix of shape {tuple(prefix.shape)}) raised {type(error).__name__}: {error}"
-        ) from error
+        raise raised(f"target.next_token_probs(prefix of shape {tuple(prefix.shape)})", error) from error
     V = vocab_size if vocab_size is not None else (rows.shape[-1] if getattr(rows, "ndim", 0) == 2 else -1)
     return _check_target_rows(rows, (prefix.shape[0], V), "next_token_probs")
 
@@ -233,10 +231,7 @@ def target_conditionals(target, sequences: torch.Tensor, start: int, vocab_size:
         try:
             rows = target.conditionals(seqs, start=start)
         except Exception as error:
-            raise ImplementationError(
-                f"target.conditionals(sequences of shape {(B, S)}, start={start}) raised "
-                f"{type(error).__name__}: {error}"
-            ) from error
+            raise raised(f"target.conditionals(sequences of shape {(B, S)}, start={start})", error) from error
         return _check_target_rows(rows, (B, L, vocab_size), "conditionals")
     out = torch.empty(B, L, vocab_size, dtype=torch.float64)  # (B, L, V)
     for j in range(L):

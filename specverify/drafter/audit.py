@@ -49,7 +49,7 @@ from specverify import stats
 from specverify.core.devices import check_device, check_prob_dtype, dtype_name
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.repro import python_repro
-from specverify.core.results import FAIL, Report, TestResult, protocol_result
+from specverify.core.results import ERROR, FAIL, Report, TestResult, protocol_result
 from specverify.core.validation import check_int, check_run_options
 from specverify.decoder import check_decoder
 from specverify.decoder.pipeline import ProtocolDecoder, merge_stats
@@ -272,7 +272,7 @@ def audit_drafter(
     except ImplementationError as error:
         extra["diagnosis"] = _diagnosis((), [f"target: {error}"])
         return Report(
-            verdict=FAIL,
+            verdict=ERROR,
             errors=(f"target: {error}",),
             timings={"total": time.perf_counter() - started},
             extra=extra,
@@ -373,7 +373,7 @@ def _pipeline_part(decoder, target, prompts, tier: str, seed: int, alpha: float,
         out.results.append(r.replace(scenario=f"pipeline:{r.scenario}", alpha=None, adjusted_pvalue=None, grade=None))
     for s in pipeline.scenarios:
         out.scenarios.append({**s, "name": f"pipeline:{s['name']}", "part": "pipeline"})
-    out.errors.extend(f"pipeline: {e}" for e in pipeline.errors)
+    out.errors.extend(f"pipeline:{e}" for e in pipeline.errors)  # "pipeline:prompt0: ...", as the scenario is named
     out.timings["pipeline"] = time.perf_counter() - t0
     tick("pipeline")
     return pipeline

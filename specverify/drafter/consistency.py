@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 
 from specverify import stats
-from specverify.core.errors import ImplementationError
+from specverify.core.errors import ImplementationError, raised
 from specverify.core.results import TestResult
 from specverify.decoder.pipeline import check_drafter_output
 
@@ -75,9 +75,7 @@ def draw_drafts(
         try:
             output = drafter.draft(batch, k, generator=generator)
         except Exception as error:
-            raise ImplementationError(
-                f"drafter.draft(prefix {prefix.tolist()} x {b} rows, {k}) raised {type(error).__name__}: {error}"
-            ) from error
+            raise raised(f"drafter.draft(prefix {prefix.tolist()} x {b} rows, {k})", error) from error
         tok, pr = check_drafter_output(output, b, k, vocab_size)
         tokens.append(tok.cpu())
         probs.append(pr.detach().to("cpu", torch.float64))

@@ -16,7 +16,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from specverify.core.repro import is_python_repro
-from specverify.core.results import FAIL, PASS, SUSPICIOUS, Report, TestResult, effect_size, rank_flagged, rank_key
+from specverify.core.results import (
+    ERROR,
+    FAIL,
+    PASS,
+    SUSPICIOUS,
+    Report,
+    TestResult,
+    effect_size,
+    error_groups,
+    is_error_record,
+    rank_flagged,
+    rank_key,
+)
 
 GRADE_ORDER = {FAIL: 0, SUSPICIOUS: 1, PASS: 2}
 
@@ -110,9 +122,31 @@ def worst_first(results: Sequence[TestResult]) -> list[TestResult]:
     return sorted(results, key=sort_key)
 
 
+def tested(report: Report) -> list[TestResult]:
+    """The report's tests of the law: its results without the records of implementation errors
+    (:func:`specverify.core.results.is_error_record`; the error section shows those, once)."""
+    return [r for r in report.results if not is_error_record(r)]
+
+
 def first_failure(report: Report) -> TestResult | None:
     """The failing test every part of a report names first (terminal, verdict, counterexample), or None."""
-    return next((r for r in rank_flagged(report.results) if r.grade == FAIL), None)
+    return next((r for r in rank_flagged(tested(report)) if r.grade == FAIL), None)
+
+
+def sentence_start(text: str) -> str:
+    """``text`` with its first letter upper-case (the rest as it is)."""
+    return text[:1].upper() + text[1:]
+
+
+def errors_heading(report: Report) -> str:
+    """``"Implementation errors: 14 of 14 scenarios could not be tested"`` (the error section's title)."""
+    groups = error_groups(report)
+    untested = {n for g in groups for n in g.scenarios}
+    if untested:
+        return (
+            f"Implementation errors: {len(untested)} of {max(len(report.scenarios), 1)} scenarios could not be tested"
+        )
+    return f"Implementation errors ({len(report.errors)})"
 
 
 #: Passing tests listed (worst first) after the flagged ones before the test table folds the rest.
@@ -252,7 +286,7 @@ def _listing(results: Sequence[TestResult], limit: int = 5) -> str:
 
 def verdict_paragraph(report: Report) -> str:
     """One paragraph: the verdict and what it means (plain text; renderers escape it)."""
-    results = worst_first(report.results)
+    results = worst_first(tested(report))
     failed = [r for r in results if r.grade == FAIL]
     suspicious = [r for r in results if r.grade == SUSPICIOUS]
     n = len(results)
@@ -283,6 +317,21 @@ def verdict_paragraph(report: Report) -> str:
         if not reasons:
             reasons.append("the verdict is fail although no failing test or error was recorded")
         return parts[0] + " or violates its protocol. " + "; ".join(reasons) + ". The gate fails."
+    if report.verdict == ERROR:
+        groups = error_groups(report)
+        untested = {name for g in groups for name in g.scenarios}
+        where = f" in {len(untested)} of {len(report.scenarios)} scenarios" if untested else ""
+        ran = (
+            f" {n} tests ran on the rest: {len(failed)} failed, {len(suspicious)} suspicious."
+            if n
+            else " No test of the distribution ran."
+        )
+        return (
+            f"ERROR: the implementation could not be tested{where}: it raised, returned output of the wrong form "
+            f"or broke the test protocol ({len(groups)} distinct error{'s' if len(groups) != 1 else ''}, each shown "
+            f"once below with the scenarios that met it). Nothing is said about its distribution where it could "
+            f"not be tested.{ran} The gate fails (exit status 2): fix the error and rerun."
+        )
     return f"Verdict {report.verdict!r}: {n} tests, {len(failed)} failed, {len(suspicious)} suspicious."
 
 

@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from specverify.core.results import FAIL, PASS, SUSPICIOUS, Report, TestResult, effect_size
+from specverify.core.results import ERROR, FAIL, PASS, SUSPICIOUS, Report, TestResult, effect_size, error_groups
 from specverify.report import content as c
 from specverify.report import drafter as d
 from specverify.report.plots import PlotSet, render_plots
@@ -33,7 +33,9 @@ vertical-align:middle}
 .verdict{border-left:6px solid;padding:10px 14px;border-radius:4px;margin:12px 0}
 .v-pass{border-color:#2e7d32;background:#edf7ee} .v-suspicious{border-color:#ef8f00;background:#fff6e5}
 .v-fail{border-color:#c62828;background:#fdecea} .v-other{border-color:#607d8b;background:#eef2f4}
+.v-error{border-color:#6a1b9a;background:#f5ecf8}
 .b-pass{background:#2e7d32} .b-suspicious{background:#ef8f00} .b-fail{background:#c62828} .b-other{background:#607d8b}
+.b-error{background:#6a1b9a}
 .errors{border:2px solid #c62828;background:#fdecea;border-radius:6px;padding:4px 14px 10px;margin:14px 0}
 .errors h2{border:none;color:#b71c1c;margin-top:8px}
 .errors pre{background:#fff;border-color:#e57373}
@@ -63,7 +65,7 @@ _COLUMN_CLASS = {"r": "num", "m": "method"}
 
 
 def _cls(verdict: Any) -> str:
-    return verdict if verdict in (PASS, SUSPICIOUS, FAIL) else "other"
+    return verdict if verdict in (PASS, SUSPICIOUS, FAIL, ERROR) else "other"
 
 
 def table(
@@ -134,8 +136,9 @@ RESULT_NUMERIC = "r.....rrrrrrm"
 
 
 def _tests_section(report: Report) -> list[str]:
-    listed, folded = c.split_tests(report.results)
-    out = [f"<h2>Tests, flagged and worst first ({len(report.results)}: {esc(c.grade_counts(report.results))})</h2>"]
+    tests = c.tested(report)
+    listed, folded = c.split_tests(tests)
+    out = [f"<h2>Tests, flagged and worst first ({len(tests)}: {esc(c.grade_counts(tests))})</h2>"]
     if not listed:
         return out + ["<p>No statistical tests ran.</p>"]
     rows, classes = _result_rows(listed, 1)
@@ -161,6 +164,17 @@ def _repro_section(report: Report) -> list[str]:
     out.append(f"<pre>{esc(c.repro_command(report))}</pre>")
     out.append(table(["seed", "value"], [[esc(k), _value(v)] for k, v in c.seeds(report)]))
     return out
+
+
+def _errors_section(report: Report) -> list[str]:
+    """Each implementation error once, with the scenarios that met it (instead of a counterexample)."""
+    if not report.errors:
+        return []
+    out = [f'<div class="errors"><h2>{esc(c.errors_heading(report))}</h2>']
+    for group in error_groups(report):
+        where = f"<p>{esc(c.sentence_start(group.where(limit=len(group.scenarios))))}:</p>" if group.scenarios else ""
+        out.append(f"{where}<pre>{esc(group.message)}</pre>")
+    return out + ["</div>"]
 
 
 def _counterexample_section(report: Report) -> list[str]:
@@ -362,7 +376,7 @@ def _mapping_section(title: str, data: Any) -> list[str]:
 
 def render_html(report: Report, *, plots: bool = True) -> str:
     """Render ``report`` as one self-contained HTML page (plots inline when matplotlib is available)."""
-    results = report.results
+    results = c.tested(report)
     verdict = report.verdict.upper() if isinstance(report.verdict, str) else str(report.verdict)
     total_time = report.timings.get("total") if isinstance(report.timings, Mapping) else None
     cls = _cls(report.verdict)
@@ -376,10 +390,7 @@ def render_html(report: Report, *, plots: bool = True) -> str:
     ]
     body += _diagnosis_section(report)
     body += _efficiency_section(report)
-    if report.errors:
-        body.append(f'<div class="errors"><h2>Implementation errors ({len(report.errors)})</h2>')
-        body += [f"<pre>{esc(e)}</pre>" for e in report.errors]
-        body.append("</div>")
+    body += _errors_section(report)
     body += _counterexample_section(report)
     body += _repro_section(report)
     body += _plots_section(render_plots(report) if plots else None)

@@ -4,7 +4,7 @@ Order (what the reader asked first): title and one-line configuration, the verdi
 paragraph, the diagnosis (drafter audits: which component is at fault), the drafter
 audit's efficiency section (a summary -- acceptance per position vs exact, tokens per
 target pass, best K and speedup, memory-bound latency -- then its tables), implementation
-errors, the minimal counterexample (failures), the repro command (or Python snippet) and
+errors (each once, with the scenarios that met it), the minimal counterexample (failures), the repro command (or Python snippet) and
 seeds, a pointer to the plots, the test table (every flagged test and the worst others
 listed, the rest folded in ``<details>``), acceptance tables, configuration, timings,
 environment and other sections.  Every string taken from
@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from specverify.core.results import FAIL, PASS, SUSPICIOUS, Report, TestResult, effect_size
+from specverify.core.results import FAIL, PASS, SUSPICIOUS, Report, TestResult, effect_size, error_groups
 from specverify.report import content as c
 from specverify.report import drafter as d
 
@@ -243,8 +243,9 @@ def _test_table(results: list[TestResult]) -> list[str]:
 def tests_lines(report: Report, *, max_rows: int = 40) -> list[str]:
     """The test table: flagged and worst tests listed, the rest folded in ``<details>`` (at most
     ``max_rows`` rows in each part; every test is in report.json and report.html)."""
-    listed, folded = c.split_tests(report.results)
-    lines = [f"## Tests, flagged and worst first ({len(report.results)}: {c.grade_counts(report.results)})", ""]
+    tests = c.tested(report)
+    listed, folded = c.split_tests(tests)
+    lines = [f"## Tests, flagged and worst first ({len(tests)}: {c.grade_counts(tests)})", ""]
     if not listed:
         return lines + ["No statistical tests ran.", ""]
     shown = listed[:max_rows]
@@ -319,7 +320,7 @@ def render_markdown(report: Report, *, max_rows: int = 40) -> str:
         f"# specverify {md_text(report.kind)} audit: {md_text(str(report.verdict).upper())}",
         "",
         f"Implementation {md_code(report.implementation)} · tier {md_code(report.tier)} · seed "
-        f"{md_code(report.seed)} · alpha {c.fmt(report.alpha)} · {len(report.results)} tests · time "
+        f"{md_code(report.seed)} · alpha {c.fmt(report.alpha)} · {len(c.tested(report))} tests · time "
         f"{c.fmt(total_time, '.1f', 'n/a')} s",
         "",
         md_text(c.verdict_paragraph(report)),
@@ -328,9 +329,14 @@ def render_markdown(report: Report, *, max_rows: int = 40) -> str:
     lines += diagnosis_lines(report)
     lines += efficiency_lines(report)
     if report.errors:
-        lines += [f"## Implementation errors ({len(report.errors)})", ""]
-        for e in report.errors:
-            lines += md_block(e) + [""]
+        lines += [f"## {c.errors_heading(report)}", ""]
+        for group in error_groups(report):
+            lines += (
+                [md_text(c.sentence_start(group.where(limit=len(group.scenarios)))) + ":", ""]
+                if group.scenarios
+                else []
+            )
+            lines += md_block(group.message) + [""]
     lines += counterexample_lines(report)
     lines += repro_lines(report)
     lines += ["## Plots", "", "Plots are embedded in report.html.", ""]

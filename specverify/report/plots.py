@@ -83,7 +83,7 @@ def render_plots(report: Report) -> PlotSet:
 
     plots: list[Plot] = []
     with matplotlib.style.context("default"), matplotlib.rc_context({"font.size": 9, "axes.titlesize": 10}):
-        for r in _histogram_results(report.results):
+        for r in _histogram_results(c.tested(report)):
             plots.append(_histogram(r, new_figure, encode))
         for make in (_qq, _acceptance, _mde):
             plot = make(report, new_figure, encode)
@@ -174,7 +174,7 @@ def bin_axis_label(tokens: Sequence, expected: Sequence[float]) -> str:
 
 
 def _qq(report: Report, new_figure, encode) -> Plot | None:
-    points = [(c.num(r.pvalue), r.grade) for r in report.results]
+    points = [(c.num(r.pvalue), r.grade) for r in c.tested(report)]
     points = sorted((p, g) for p, g in points if p is not None and not math.isnan(p))
     n = len(points)
     if n < 2:
@@ -273,7 +273,7 @@ def _pick_dfs(dfs: Sequence[float]) -> list[float]:
 
 
 def _mde(report: Report, new_figure, encode) -> Plot | None:
-    rows = [(c.finite(r.n), c.finite(r.df), c.finite(r.mde_tv), r) for r in report.results]
+    rows = [(c.finite(r.n), c.finite(r.df), c.finite(r.mde_tv), r) for r in c.tested(report)]
     rows = [(n, df, tv, r) for n, df, tv, r in rows if n and n > 0 and df and df > 0]
     if not rows:
         return None

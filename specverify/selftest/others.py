@@ -67,7 +67,7 @@ def _kill_with_stats(results) -> dict | None:
 
 
 def _row(group, name, kind, provenance, expected_fail, report, seconds, samples_run, note="") -> dict:
-    killed = report.verdict == FAIL
+    killed = not report.passed  # a fail, or an error (the mutant broke the protocol)
     kill = _kill_with_stats(report.results) if killed else None
     if killed and kill is None and report.errors:
         kill = protocol_kill(report.errors[0])

@@ -132,7 +132,7 @@ def run_verifier_entry(
     kill = killing_test(report.results)
     if kill is None and report.errors:
         kill = protocol_kill(report.errors[0])
-    killed = report.verdict == FAIL
+    killed = not report.passed  # a fail, or an error (the mutant broke the protocol)
     row = {
         "group": "verifier" if mutant else "equivalent",
         "name": entry.name,

@@ -10,7 +10,7 @@ support), :mod:`.sparse` (the most extreme token; ``gof_pair`` runs both), :mod:
 
 from ._common import cressie_read
 from .binning import Bins, bin_counts, make_bins, p_order
-from .budget import DEFAULT_FAMILY_WEIGHTS, UNKNOWN_FAMILY_WEIGHT, grade, grade_run, holm_adjust, verdict
+from .budget import DEFAULT_FAMILY_WEIGHTS, UNKNOWN_FAMILY_WEIGHT, grade, grade_run, holm_adjust, run_verdict, verdict
 from .directed import acceptance_test, entropy_scores, pit_test, randomised_pit, ratio_scores, score_test
 from .eprocess import DEFAULT_LOG10_C, CategoricalEProcess, sequential_gof
 from .gof import gof_test, support_test
@@ -42,6 +42,7 @@ __all__ = [
     "noncentrality_needed",
     "grade",
     "grade_run",
+    "run_verdict",
     "verdict",
     "holm_adjust",
     "DEFAULT_FAMILY_WEIGHTS",

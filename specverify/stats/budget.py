@@ -25,12 +25,20 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from specverify.core.errors import InvalidArgument
-from specverify.core.results import FAIL, PASS, SUSPICIOUS, TestResult
+from specverify.core.results import ERROR, FAIL, PASS, SUSPICIOUS, TestResult, is_error_record
 
 from ._common import check_alpha
 from .power import min_detectable_tv
 
-__all__ = ["DEFAULT_FAMILY_WEIGHTS", "UNKNOWN_FAMILY_WEIGHT", "grade", "grade_run", "holm_adjust", "verdict"]
+__all__ = [
+    "DEFAULT_FAMILY_WEIGHTS",
+    "UNKNOWN_FAMILY_WEIGHT",
+    "grade",
+    "grade_run",
+    "holm_adjust",
+    "run_verdict",
+    "verdict",
+]
 
 #: Default budget share of each family (renormalised over the families present).
 #: Goodness of fit against exact laws is the primary evidence; directed tests and the
@@ -199,8 +207,25 @@ def grade_run(
 ) -> tuple[tuple[TestResult, ...], str]:
     """Grade a run's results under one budget and give its verdict.
 
-    A run with protocol errors, or with no result at all, fails: a silent pass is never
-    the outcome of an implementation that could not be tested.
+    The verdict is :func:`run_verdict`'s: a failed test fails the run, an implementation
+    error without one makes it ``"error"``, and a run with no result at all fails.
     """
     graded = grade(results, alpha=alpha) if results else ()
-    return tuple(graded), FAIL if errors else (verdict(graded) if graded else FAIL)
+    return tuple(graded), run_verdict(graded, errors)
+
+
+def run_verdict(graded_results: Sequence[TestResult], errors: Sequence[str]) -> str:
+    """The verdict of a run from its graded results and its implementation errors.
+
+    ``"fail"`` when a test of the law failed (a record that only holds an implementation
+    error is not such a test: :func:`specverify.core.results.is_error_record`), even if
+    other scenarios could not be tested; otherwise ``"error"`` when the implementation could
+    not be tested somewhere; otherwise :func:`verdict` of the tests.  A run with neither
+    tests nor errors fails: a silent pass is never the outcome of a run that tested nothing.
+    """
+    tests = [r for r in graded_results if not is_error_record(r)]
+    if any(r.grade == FAIL for r in tests):
+        return FAIL
+    if errors:
+        return ERROR
+    return verdict(tests) if tests else FAIL

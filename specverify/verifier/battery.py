@@ -45,7 +45,7 @@ from specverify.core.devices import check_device, check_prob_dtype, device_extra
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.progress import ProgressTracker
 from specverify.core.repro import python_repro
-from specverify.core.results import FAIL, Report, TestResult, protocol_result
+from specverify.core.results import Report, TestResult, protocol_result
 from specverify.core.tables import TableModel
 from specverify.core.validation import check_alpha, check_int, check_run_options
 from specverify.shard.collect import Parallel, collect_runs, run_battery
@@ -427,7 +427,7 @@ def check_verifier(
             outcome.cpu_seconds,
             outcome.extra,
         )
-    verdict = FAIL if errors else stats.verdict(graded)
+    verdict = stats.run_verdict(graded, errors)
     timings["total"] = time.perf_counter() - start
     cpu["total"] = time.process_time() - cpu_start
     return Report(
@@ -520,7 +520,7 @@ def check_verifier_on(
         tier="custom",
         seed=seed,
         alpha=alpha,
-        verdict=FAIL if errors else stats.verdict(graded),
+        verdict=stats.run_verdict(graded, errors),
         results=tuple(graded),
         errors=tuple(errors),
         scenarios=(config,),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from specverify.core.errors import ImplementationError
+from specverify.core.errors import ImplementationError, raised
 
 __all__ = ["call_verifier", "check_determinism", "validate_verifier_output"]
 
@@ -126,7 +126,7 @@ def call_verifier(verify, target_probs, draft_probs, draft_tokens, *, generator)
     except ImplementationError:
         raise
     except Exception as exc:  # the implementation under test may raise anything
-        raise ImplementationError(f"verifier raised {type(exc).__name__}: {exc}") from exc
+        raise raised("verifier", exc) from exc
     return validate_verifier_output(output, draft_tokens, target_probs.shape[-1])
 
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specverify.core.errors import InvalidArgument
-from specverify.core.results import _jsonable
+from specverify.core.results import _jsonable, from_jsonable
 from specverify.core.validation import check_int
 from specverify.drafter.costmodel import expected_tokens_per_round, speedup
 from specverify.verifier.measure import MeasureResult, estimate_mark, estimate_notes, measure_divergence
@@ -89,6 +89,16 @@ class SweepResult:
         for point, raw in zip(data["points"], self.points):
             point["label"] = raw.label
         return data
+
+    @classmethod
+    def from_dict(cls, data) -> SweepResult:
+        """The sweep of :meth:`to_dict`'s form (e.g. a ``sweep.json`` read back, to render it again).
+
+        A knob value JSON wrote as a list was a tuple (a knob of several options): it is one again.
+        """
+        points = [{**p, "value": tuple(p["value"]) if isinstance(p.get("value"), list) else p.get("value")}
+                  for p in data.get("points", ())]  # fmt: skip
+        return from_jsonable(cls, {**data, "points": points})
 
     @property
     def verdicts(self) -> tuple[str | None, ...]:

@@ -95,7 +95,7 @@ def test_a_broken_output_is_an_implementation_error_in_the_report():
         return emitted, num, torch.full_like(path, -1)  # the path does not match num_emitted
 
     report = check_tree_verifier(no_path, tier="smoke", seed=0, scenarios=["markov8_iid_2x2"])
-    assert report.verdict == "fail" and report.errors and "path" in report.errors[0]
+    assert report.verdict == "error" and report.errors and "path" in report.errors[0]
 
 
 def test_a_verifier_ignoring_its_generator_is_reported():
@@ -105,7 +105,7 @@ def test_a_verifier_ignoring_its_generator_is_reported():
         return verify_tree(target_probs, draft_probs, tokens, parents, mode=mode, generator=state)
 
     report = check_tree_verifier(global_rng, tier="smoke", seed=0, scenarios=["markov8_topk_3x2"])
-    assert report.verdict == "fail" and "same seed" in report.errors[0]
+    assert report.verdict == "error" and "same seed" in report.errors[0]
 
 
 def test_a_raising_verifier_is_reported_not_raised():
@@ -113,7 +113,7 @@ def test_a_raising_verifier_is_reported_not_raised():
         raise RuntimeError("kernel exploded")
 
     report = check_tree_verifier(boom, tier="smoke", seed=0, scenarios=["markov8_topk_3x2"])
-    assert report.verdict == "fail" and "kernel exploded" in report.errors[0]
+    assert report.verdict == "error" and "kernel exploded" in report.errors[0]
 
 
 def test_bad_arguments():

@@ -338,7 +338,7 @@ def main(argv=None) -> int:
     unexpected = 0
     for name, report in reports:
         want = expected.get(name, "pass")
-        ok = (report.verdict == "fail") == (want == "fail")
+        ok = report.passed == (want != "fail")
         unexpected += not ok
         print(
             f"{name:34s} {report.verdict.upper():10s} expected {want:5s} {report.timings.get('total', 0.0):6.1f} s"

@@ -29,7 +29,7 @@ import torch
 from specverify import stats
 from specverify.core.devices import check_device, check_prob_dtype, device_extra
 from specverify.core.errors import InvalidArgument
-from specverify.core.results import FAIL, Report, TestResult, protocol_result
+from specverify.core.results import Report, TestResult, protocol_result
 from specverify.core.validation import check_run_options
 from specverify.shard.collect import Parallel, run_battery
 from specverify.shard.work import Job
@@ -229,7 +229,7 @@ def check_tree_verifier(
     graded, errors, timings = outcome.results, outcome.errors, outcome.timings
     summaries.update(outcome.summaries)
     summaries = {s.name: summaries[s.name] for s in chosen if s.name in summaries}
-    verdict = FAIL if errors else stats.verdict(graded)
+    verdict = stats.run_verdict(graded, errors)
     timings["total"] = time.perf_counter() - start
     name = implementation or callable_name(verify_tree)
     return Report(

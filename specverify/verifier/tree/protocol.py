@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specverify.core.errors import ImplementationError, InvalidArgument
+from specverify.core.errors import ImplementationError, InvalidArgument, raised
 from specverify.core.validation import check_generator, check_probs, check_shape
 
 __all__ = [
@@ -429,5 +429,5 @@ def call_tree_verifier(
     except ImplementationError:
         raise
     except Exception as error:  # the implementation under test raised: report it, never crash
-        raise ImplementationError(f"tree verifier raised {type(error).__name__}: {error}") from error
+        raise raised("tree verifier", error) from error
     return check_tree_output(output, batch)
