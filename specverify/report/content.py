@@ -48,6 +48,7 @@ RESULT_COLUMNS = [
     "statistic",
     "p",
     "adjusted p",
+    "observed TV",
     "alpha",
     "detectable TV",
 ]

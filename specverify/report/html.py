@@ -122,6 +122,7 @@ def _result_rows(results: Sequence[TestResult], start: int) -> tuple[list[list[s
                 esc(c.fmt(r.statistic, ".4g")),
                 esc(c.fmt(r.pvalue)),
                 esc(c.fmt(r.adjusted_pvalue)),
+                esc(c.fmt(effect_size(r))),
                 esc(c.fmt(r.alpha)),
                 esc(c.fmt(r.mde_tv)),
                 esc(r.method),
@@ -132,7 +133,7 @@ def _result_rows(results: Sequence[TestResult], start: int) -> tuple[list[list[s
 
 
 RESULT_HEADER = [*c.RESULT_COLUMNS, "method"]
-RESULT_NUMERIC = "r.....rrrrrrm"
+RESULT_NUMERIC = "r.....rrrrrrrm"
 
 
 def _tests_section(report: Report) -> list[str]:
@@ -148,7 +149,9 @@ def _tests_section(report: Report) -> list[str]:
         out.append(f"<details><summary>{len(folded)} more tests ({esc(c.grade_counts(folded))})</summary>")
         out.append(_wide(table(RESULT_HEADER, rows, RESULT_NUMERIC, classes, cls="tests")) + "</details>")
     out.append(
-        '<p class="note">Detectable TV: the binned total-variation distance the test detects with power '
+        '<p class="note">Observed TV: the deviation the test saw, on the total-variation scale (binned TV from '
+        "its counts, the acceptance-rate difference, or one token's frequency difference); tests of other kinds "
+        "have none. Detectable TV: the binned total-variation distance the test detects with power "
         "0.9 at its allocated alpha.</p>"
     )
     return out

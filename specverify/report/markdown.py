@@ -76,13 +76,14 @@ def result_row(i: int, r: TestResult) -> list[str]:
         c.fmt(r.statistic, ".4g"),
         c.fmt(r.pvalue),
         c.fmt(r.adjusted_pvalue),
+        c.fmt(effect_size(r)),
         c.fmt(r.alpha),
         c.fmt(r.mde_tv),
     ]
 
 
 RESULT_HEADER = c.RESULT_COLUMNS
-RESULT_ALIGN = "rllllllrrrrr"
+RESULT_ALIGN = "rllllllrrrrrr"
 
 
 def _value(value: Any) -> str:
@@ -264,6 +265,8 @@ def tests_lines(report: Report, *, max_rows: int = 40) -> list[str]:
         lines += ["", "</details>"]
     lines += [
         "",
+        "Observed TV: the deviation the test saw, on the total-variation scale (binned TV from its counts, the "
+        "acceptance-rate difference, or one token's frequency difference); tests of other kinds have none. "
         "Detectable TV: the binned total-variation distance this test detects with power 0.9 at its alpha.",
         "",
     ]
