@@ -1,6 +1,6 @@
 """Throughput of the reference sampler, verifier and probability check on CPU (a script, not a test).
 
-Prints draws/s of ``reference.sampling.sample`` next to ``torch.multinomial`` at
+Prints draws/s of ``specverify.core.sampling.sample`` next to ``torch.multinomial`` at
 V=32, verified blocks/s of ``reference.rules.verify`` at B=200,000, K=4, V=32
 (with and without input validation) and rows/s of
 ``specverify.core.validation.check_probs`` on the verifier's ``target_probs``, each the
@@ -20,7 +20,7 @@ import time
 import torch
 
 from reference.rules import verify
-from reference.sampling import sample
+from specverify.core.sampling import sample
 from specverify.core.validation import check_probs
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from reference.rules import check_verifier_inputs
-from reference.sampling import inverse_cdf, uniform
+from specverify.core.sampling import inverse_cdf, uniform
 from specverify.core.validation import check_generator
 
 __all__ = ["verify", "block_weights", "block_thresholds"]

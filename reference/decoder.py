@@ -41,8 +41,8 @@ from reference.direct import ChunkedGenerate, TargetAdapter, validate_batch_args
 from reference.models import KVCache, NGramDrafter, TinyTransformer
 from reference.processors import SamplingConfig, greedy_probs, logits_to_probs
 from reference.rules import greedy_verify, verify
-from reference.sampling import sample
 from specverify.core.errors import InvalidArgument
+from specverify.core.sampling import sample
 from specverify.core.validation import check_int
 
 __all__ = ["SpeculativeDecoder", "DecodeResult", "DecodeStats"]

@@ -18,8 +18,8 @@ import torch
 
 from reference.models import TinyTransformer
 from reference.processors import SamplingConfig, logits_to_probs
-from reference.sampling import sample
 from specverify.core.errors import InvalidArgument
+from specverify.core.sampling import sample
 from specverify.core.validation import check_generator, check_int, check_shape, check_tokens
 
 __all__ = [

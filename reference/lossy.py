@@ -41,7 +41,6 @@ import functools
 import torch
 
 from reference.rules import check_verifier_inputs
-from reference.sampling import sample, uniform
 from specverify.core.errors import InvalidArgument
 from specverify.core.exact import (
     acceptance_probability,
@@ -51,6 +50,7 @@ from specverify.core.exact import (
     typical_rule,
     typical_threshold,
 )
+from specverify.core.sampling import sample, uniform
 from specverify.core.validation import check_generator
 
 __all__ = [
@@ -382,7 +382,7 @@ def typical_tree_walk(target_probs, tokens, parents, *, eps: float = 0.09, delta
     ----------
     target_probs : Tensor, shape (B, N+1, V)
     tokens, parents : Tensor, shape (B, N), integer
-        The tree-verifier protocol's nodes (:mod:`specverify.verifier.tree.protocol`).
+        The tree-verifier protocol's nodes (:mod:`specverify.protocols.tree`).
     eps, delta, entropy_offset : float
         The rule (``entropy_offset=1e-5`` is Medusa's ``log(p + 1e-5)``).
     tolerance : float

@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference.processors import SamplingConfig, logits_to_probs
-from reference.sampling import sample
 from specverify.core.errors import InvalidArgument
+from specverify.core.sampling import sample
 from specverify.core.validation import check_generator, check_int, check_shape, check_tokens
 
 __all__ = ["ModelConfig", "KVCache", "TinyTransformer", "make_pair", "NGramDrafter", "ModelDrafter"]

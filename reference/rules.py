@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import torch
 
-from reference.sampling import chunk_rows, inverse_cdf, search_cdf, uniform
 from specverify.core.errors import InvalidArgument
 from specverify.core.rowsums import sum_block, sum_margin, within_margin
+from specverify.core.sampling import chunk_rows, inverse_cdf, search_cdf, uniform
 from specverify.core.validation import PROB_ATOL, check_generator, check_probs, check_shape, check_tokens
 
 __all__ = ["verify", "greedy_verify", "residual_weights", "check_verifier_inputs"]

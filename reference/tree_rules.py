@@ -23,8 +23,8 @@ leaves ``r`` unchanged, as :mod:`reference.rules` falls back to p.
 
 :func:`verify_tree_coins` is the uniforms-in kernel (``coins (B, N+1)``: coin of slot m;
 ``final_coins (B,)``); :func:`verify_tree` draws those uniforms from a generator with
-:func:`specverify.verifier.tree.protocol.draw_uniforms` and calls it.  Sampling is exact
-inverse-CDF in float64 (:func:`reference.sampling.inverse_cdf`).  Rows are processed
+:func:`specverify.protocols.tree.draw_uniforms` and calls it.  Sampling is exact
+inverse-CDF in float64 (:func:`specverify.core.sampling.inverse_cdf`).  Rows are processed
 together, in cache-sized chunks on the CPU, and only the rows still walking (only the
 rejecting ones for a residual update); the loops run over depth and sibling slots only.
 The top-k rule keeps ``r`` unnormalised with its running total (a rejection is O(1) per
@@ -37,10 +37,10 @@ from __future__ import annotations
 
 import torch
 
-from reference.sampling import inverse_cdf
 from specverify.core.errors import InvalidArgument
+from specverify.core.sampling import inverse_cdf
 from specverify.core.validation import check_generator, check_shape
-from specverify.verifier.tree.protocol import (
+from specverify.protocols.tree import (
     PAD,
     check_tree_inputs,
     children_table,
@@ -283,7 +283,7 @@ def verify_tree(
     """Reference tree verification (the tree-verifier protocol), dispatching on ``mode``.
 
     Draws ``coins (B, N+1)`` then ``final_coins (B,)`` from ``generator``
-    (:func:`~specverify.verifier.tree.protocol.draw_uniforms`) and runs
+    (:func:`~specverify.protocols.tree.draw_uniforms`) and runs
     :func:`verify_tree_coins`; see there for the parameters and returns.
     """
     if check:

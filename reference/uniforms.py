@@ -1,7 +1,7 @@
 """The canonical chain rule written as a uniforms-in kernel, as GPU kernels take their coins.
 
 ``chain_kernel(target_probs (B, K+1, V), draft_probs (B, K, V), draft_tokens (B, K), *,
-uniforms (B, K+1))``: the coin layout of :mod:`specverify.verifier.uniforms` (FlashInfer's
+uniforms (B, K+1))``: the coin layout of :mod:`specverify.protocols.uniforms` (FlashInfer's
 ``uniform_samples``): draft i is accepted iff ``uniforms[b, i] * q_i(x_i) < p_i(x_i)``;
 the first rejected position emits a residual ``(p_i - q_i)+`` draw and the all-accepted
 row a bonus draw from ``p_{K+1}``, both by float64 inverse CDF with the last coin
@@ -11,8 +11,8 @@ does.  The law is that of :func:`reference.rules.verify`; the coins are drawn in
 order, so the tokens are not the same for a given generator.
 
 ``verify`` is the protocol verifier (coins drawn from the generator by
-:func:`specverify.verifier.uniforms.uniforms_in`); ``verify_seed_offset`` the same rule
-behind :func:`~specverify.verifier.uniforms.seed_offset_in` (its coins come from a CPU or
+:func:`specverify.protocols.uniforms.uniforms_in`); ``verify_seed_offset`` the same rule
+behind :func:`~specverify.protocols.uniforms.seed_offset_in` (its coins come from a CPU or
 device generator seeded from the pair), the form of FlashInfer >= 0.2.6.
 
 Shapes: B batch, K draft length, V vocabulary.
@@ -23,9 +23,9 @@ from __future__ import annotations
 import torch
 
 from reference.rules import check_verifier_inputs
-from reference.sampling import inverse_cdf
 from specverify.core.errors import InvalidArgument
-from specverify.verifier.uniforms import seed_offset_in, uniforms_in
+from specverify.core.sampling import inverse_cdf
+from specverify.protocols.uniforms import seed_offset_in, uniforms_in
 
 __all__ = ["accept_with_uniforms", "final_draw", "chain_kernel", "verify", "seed_offset_kernel", "verify_seed_offset"]
 

@@ -21,13 +21,14 @@ from reference.decoder import SpeculativeDecoder
 from reference.direct import DirectSampler, TargetAdapter
 from reference.models import make_pair
 from reference.processors import GREEDY, SamplingConfig
-from reference.sampling import sample
 from specverify.core.errors import InvalidArgument
 from specverify.core.results import Report
+from specverify.core.sampling import sample
+from specverify.core.seeds import derive_seed
 from specverify.core.tables import markov
 from specverify.decoder import TIER_PLANS, check_decoder
 from specverify.decoder.exact import prefix_ids
-from specverify.decoder.protocol import derive_seed, make_prompts
+from specverify.decoder.protocol import make_prompts
 from specverify.mutants import entries
 from specverify.mutants.decoder import make_decoder_mutant
 

@@ -17,9 +17,9 @@ import pytest
 import torch
 from scipy import stats as _st
 
-from reference.sampling import sample, uniform
 from specverify.core.errors import InvalidArgument
 from specverify.core.results import Report
+from specverify.core.sampling import sample, uniform
 from specverify.core.tables import PositionalCategorical, markov
 from specverify.drafter import AUDIT_PLANS, audit_drafter, costmodel
 from specverify.drafter.acceptance import clopper_pearson

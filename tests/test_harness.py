@@ -179,7 +179,7 @@ def test_planted_deviation_is_caught_on_small_models():
         tokens, num = _fast(target_probs, draft_probs, draft_tokens, generator=generator)
         rows = torch.arange(B)
         rejected = num <= K
-        from reference.sampling import sample
+        from specverify.core.sampling import sample
 
         redraw = sample(target_probs[rows, num - 1].double(), generator=generator, check=False)
         tokens[rows, num - 1] = torch.where(rejected, redraw, tokens[rows, num - 1])

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from reference import lossy
-from reference.sampling import sample
 from specverify.core import exact
 from specverify.core.errors import InvalidArgument
+from specverify.core.sampling import sample
 
 META_ALPHA = 1e-6
 N = 200_000

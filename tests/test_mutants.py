@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 from scipy import stats as sps
 
 from reference.rules import verify as reference_verify
-from reference.sampling import sample
 from specverify.core.errors import InvalidArgument
+from specverify.core.sampling import sample
 from specverify.mutants import CATALOGUE, CatalogueEntry, by_name, entries
 from specverify.mutants import steps as S
 

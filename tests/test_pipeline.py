@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from scipy import stats as _st
 
 from reference.rules import verify as canonical_verify
-from reference.sampling import sample, uniform
 from specverify.core.errors import ImplementationError, InvalidArgument
+from specverify.core.sampling import sample, uniform
 from specverify.core.tables import PositionalCategorical, markov, positional
 from specverify.decoder import check_decoder
 from specverify.decoder.pipeline import ProtocolDecoder, merge_stats

@@ -392,7 +392,7 @@ def test_report_directory(fake):
 
 BROKEN = '''
 import torch
-from reference.sampling import sample, uniform
+from specverify.core.sampling import sample, uniform
 
 
 def broken(target_probs, draft_probs, draft_tokens, *, generator):

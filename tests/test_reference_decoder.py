@@ -22,8 +22,8 @@ from reference.decoder import SpeculativeDecoder
 from reference.direct import DirectSampler, TargetAdapter
 from reference.models import NGramDrafter, make_pair
 from reference.processors import GREEDY, SamplingConfig, logits_to_probs
-from reference.sampling import sample
 from specverify.core.errors import InvalidArgument
+from specverify.core.sampling import sample
 
 ALPHA = 1e-7
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

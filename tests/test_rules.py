@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reference.rules import check_verifier_inputs, greedy_verify, residual_weights, verify
-from reference.sampling import sample, uniform
 from specverify.core import exact
+from specverify.core.sampling import sample, uniform
 from specverify.mutants import by_name
 
 ALPHA = 1e-7

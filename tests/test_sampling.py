@@ -1,4 +1,4 @@
-"""reference.sampling: exact inverse-CDF sampling (chi-square at alpha 1e-7 with pooled tails),
+"""specverify.core.sampling: exact inverse-CDF sampling (chi-square at alpha 1e-7 with pooled tails),
 no zero-probability token ever, unnormalised rows, float32 rows, determinism, the u -> 1 edge.
 """
 
@@ -11,8 +11,8 @@ from _strategies import pooled_chisquare, prob_rows, weight_rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import reference.sampling as sampling
-from reference.sampling import sample
+import specverify.core.sampling as sampling
+from specverify.core.sampling import sample
 
 ALPHA = 1e-7
 

@@ -15,8 +15,9 @@ import torch
 import specverify as sv
 from reference.rules import verify
 from specverify.core.errors import InvalidArgument
+from specverify.core.seeds import group_seed
 from specverify.mutants import by_name
-from specverify.shard import Job, ShardError, execute, group_seed, merge_runs, plan_shards, run_shard
+from specverify.shard import Job, ShardError, execute, merge_runs, plan_shards, run_shard
 from specverify.shard.collect import Parallel, collect_runs
 from specverify.shard.faults import KillOnce
 from specverify.verifier.scenarios import get_scenarios

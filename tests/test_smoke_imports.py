@@ -5,9 +5,7 @@ import sys
 
 
 def test_imports_from_installed_package():
-    code = (
-        "import specverify, reference.rules, reference.sampling, specverify.core.errors; print(specverify.__version__)"
-    )
+    code = "import specverify, reference.rules, specverify.core.sampling, specverify.core.errors; print(specverify.__version__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", check=True)
     assert out.stdout.strip() == __import__("specverify").__version__
 

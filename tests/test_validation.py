@@ -1,6 +1,6 @@
 """Bad input: every public function raises InvalidArgument naming the argument (and its value).
 
-Covers reference.rules (verify, greedy_verify), reference.sampling (sample),
+Covers reference.rules (verify, greedy_verify), specverify.core.sampling (sample),
 specverify.core.exact, and the specverify.core.validation helpers directly.
 """
 
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from reference.rules import greedy_verify, verify
-from reference.sampling import sample
 from specverify.core import exact
 from specverify.core.errors import InvalidArgument, SpecVerifyError
+from specverify.core.sampling import sample
 from specverify.core.validation import (
     check_alpha,
     check_bool,

@@ -70,8 +70,8 @@ import torch
 from specverify.adapters.runtime import torch_threads
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.validation import check_bool, check_float, check_generator, check_int
+from specverify.protocols.tree import PAD, ROOT, check_tree_inputs
 from specverify.verifier.tree.layouts import eagle_candidates, from_eagle_outputs, to_eagle
-from specverify.verifier.tree.protocol import PAD, ROOT, check_tree_inputs
 
 __all__ = [
     "EagleTreeVerifier",
@@ -276,7 +276,7 @@ class EagleTreeVerifier:
         return logits
 
     def verify_tree(self, target_probs, draft_probs, tokens, parents, *, mode, generator):
-        """Verify each row with EAGLE's code; see :mod:`specverify.verifier.tree.protocol` for the contract.
+        """Verify each row with EAGLE's code; see :mod:`specverify.protocols.tree` for the contract.
 
         Returns
         -------

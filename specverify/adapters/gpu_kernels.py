@@ -8,11 +8,11 @@
 * **FlashInfer** ``flashinfer.sampling.chain_speculative_sampling`` (package
   ``flashinfer-python``).  Up to v0.2.5 it takes ``uniform_samples (B, K+1)`` float32
   (``chain_speculative_sampling(draft_probs, draft_token_ids, uniform_samples, target_probs,
-  ...)``): the adapter is :func:`~specverify.verifier.uniforms.uniforms_in` with float32
+  ...)``): the adapter is :func:`~specverify.protocols.uniforms.uniforms_in` with float32
   coins drawn from the harness's generator.  Later versions take a Philox ``seed`` and
   ``offset`` instead (``chain_speculative_sampling(draft_probs, draft_token_ids,
   target_probs, ..., deterministic, generator=None, seed=None, offset=None)``): the adapter
-  is :func:`~specverify.verifier.uniforms.seed_offset_in`, the pair drawn from the
+  is :func:`~specverify.protocols.uniforms.seed_offset_in`, the pair drawn from the
   harness's generator.  The form is chosen from the installed signature.  The kernel
   returns ``output_token_ids (B, K+1)`` int32 with -1 past the emitted tokens (and, in
   later versions, the accepted and emitted counts as well).
@@ -38,10 +38,10 @@ from collections.abc import Callable
 import torch
 
 from reference.rules import check_verifier_inputs
-from reference.sampling import sample
 from specverify.core.errors import ImplementationError, raised
+from specverify.core.sampling import sample
 from specverify.core.validation import check_bool, check_generator
-from specverify.verifier.uniforms import seed_offset_in, uniforms_in
+from specverify.protocols.uniforms import seed_offset_in, uniforms_in
 
 __all__ = [
     "from_padded",

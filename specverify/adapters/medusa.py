@@ -53,10 +53,10 @@ import torch
 
 from reference.lossy import typical_declared_law
 from reference.rules import check_verifier_inputs
-from reference.sampling import sample
 from specverify.adapters.runtime import torch_threads
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.exact import typical_threshold
+from specverify.core.sampling import sample
 from specverify.core.validation import check_float, check_generator, check_int
 
 __all__ = [

@@ -50,8 +50,8 @@ from specverify.adapters.medusa import (
 from specverify.adapters.runtime import torch_threads
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.validation import check_generator
+from specverify.protocols.tree import check_tree_inputs
 from specverify.verifier.tree.layouts import eagle_candidates, from_eagle_outputs, to_eagle
-from specverify.verifier.tree.protocol import check_tree_inputs
 
 __all__ = ["MedusaTreeVerifier", "typical_tree_verifier", "PADDING", "ENTROPY_OFFSET", "INSTALL"]
 
@@ -131,7 +131,7 @@ class MedusaTreeVerifier:
         return ri, torch.where(candidates >= 0, candidates, pad_token), logits
 
     def verify_tree(self, target_probs, draft_probs, tokens, parents, *, mode, generator):
-        """Verify each row with ``evaluate_posterior``; see :mod:`specverify.verifier.tree.protocol` for the contract.
+        """Verify each row with ``evaluate_posterior``; see :mod:`specverify.protocols.tree` for the contract.
 
         Returns
         -------

@@ -53,7 +53,6 @@ import functools
 import torch
 
 from reference.rules import check_verifier_inputs
-from reference.sampling import sample
 from specverify.adapters.runtime import torch_threads
 from specverify.adapters.vllm_layout import (
     engine_logits,
@@ -64,6 +63,7 @@ from specverify.adapters.vllm_layout import (
     to_ragged,
 )
 from specverify.core.errors import ImplementationError, InvalidArgument
+from specverify.core.sampling import sample
 from specverify.core.validation import check_bool, check_generator, check_int
 
 __all__ = [

@@ -14,7 +14,7 @@ import time
 import torch
 
 from reference.rules import verify
-from reference.sampling import sample
+from specverify.core.sampling import sample
 
 
 def adversarial_draft_probs(target_probs: torch.Tensor, mass: float = 0.9) -> torch.Tensor:

@@ -10,7 +10,7 @@ check would accept too.  Whatever this test does not accept -- all invalid input
 goes to the full check, which names the first offending entry.
 
 On a CPU with several intra-op threads the passes run in serial chunks below ATen's parallel
-grain size (``SERIAL_CHUNK_ELEMENTS``; :mod:`reference.sampling` explains why many small
+grain size (``SERIAL_CHUNK_ELEMENTS``; :mod:`specverify.core.sampling` explains why many small
 parallel regions are avoided).
 
 References: N. J. Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed. (2002), eq. 4.4.

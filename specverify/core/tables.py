@@ -24,7 +24,7 @@ incrementally so that a speculative-decoding round costs only gathers.
 The models implement the design's protocols: target
 ``next_token_probs(prefix (B, T)) -> (B, V)`` and drafter
 ``draft(prefix (B, T), k, *, generator) -> (tokens (B, k), probs (B, k, V))``
-(tokens drawn exactly with :func:`reference.sampling.sample` from the reported rows).
+(tokens drawn exactly with :func:`specverify.core.sampling.sample` from the reported rows).
 
 Shapes: B batch, T tokens, V vocabulary, C contexts, L sequence length.
 """
@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import torch
 
-from reference.sampling import sample
 from specverify.core import portable
 from specverify.core.errors import InvalidArgument
+from specverify.core.sampling import sample
 from specverify.core.validation import check_generator, check_int, check_probs, check_shape, check_tokens
 
 __all__ = [

@@ -48,6 +48,7 @@ from specverify.core.devices import check_device
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.repro import python_repro
 from specverify.core.results import ERROR, Report, TestResult, protocol_result
+from specverify.core.seeds import derive_seed
 from specverify.core.validation import check_int, check_run_options
 from specverify.shard.collect import Parallel, TaskUnits, collect_runs
 from specverify.shard.work import Job
@@ -58,7 +59,6 @@ from .protocol import (
     TargetOn,
     call_generate,
     check_determinism,
-    derive_seed,
     generate_fn,
     generate_on,
     implementation_name,

@@ -8,9 +8,8 @@ out-of-vocabulary tokens (vLLM GHSA-8wr5), probabilities that are not probabilit
 rows, or different outputs for the same seed.  The orchestrator records these in
 ``Report.errors``; the suite itself never crashes on them.
 
-Also here: root-seed derivation (:func:`derive_seed`, a ``numpy.random.SeedSequence``
-so a root seed and a label give the same child seed on every platform), the fixed
-prompts derived from the seed and V, and the teacher-forced conditionals of a batch
+Also here: the fixed prompts derived from the seed (:func:`specverify.core.seeds.derive_seed`)
+and V, and the teacher-forced conditionals of a batch
 of sampled continuations (the target's batched ``conditionals`` when it has one,
 else ``next_token_probs`` looped over positions, batched over samples).
 
@@ -24,10 +23,10 @@ import torch
 
 from specverify.core.errors import ImplementationError, InvalidArgument, raised
 from specverify.core.progress import ProgressTracker
+from specverify.core.seeds import derive_seed
 from specverify.core.validation import check_tokens
 
 __all__ = [
-    "derive_seed",
     "make_prompts",
     "normalise_prompts",
     "implementation_name",
@@ -40,12 +39,6 @@ __all__ = [
 
 #: Prompt lengths drawn for derived prompts (inclusive range).
 PROMPT_LEN = (3, 6)
-
-
-def derive_seed(seed: int, *labels: int) -> int:
-    """A child seed in [0, 2**31) of the root ``seed`` for the integer ``labels`` (platform independent)."""
-    state = np.random.SeedSequence(entropy=int(seed), spawn_key=tuple(int(x) for x in labels)).generate_state(1)
-    return int(state[0]) & 0x7FFFFFFF
 
 
 def make_prompts(num_prompts: int, vocab_size: int, *, seed: int) -> list[torch.Tensor]:

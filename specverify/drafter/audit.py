@@ -50,10 +50,11 @@ from specverify.core.devices import check_device, check_prob_dtype, dtype_name
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.repro import python_repro
 from specverify.core.results import ERROR, FAIL, Report, TestResult, protocol_result
+from specverify.core.seeds import derive_seed
 from specverify.core.validation import check_int, check_run_options
 from specverify.decoder import check_decoder
 from specverify.decoder.pipeline import ProtocolDecoder, merge_stats
-from specverify.decoder.protocol import ProgressTicker, derive_seed, implementation_name, make_prompts, next_token_probs
+from specverify.decoder.protocol import ProgressTicker, implementation_name, make_prompts, next_token_probs
 
 from .acceptance import acceptance_entry, acceptance_results, efficiency_section
 from .consistency import analyse_consistency, check_drafter_determinism, consistency_summary, draw_drafts

@@ -33,8 +33,8 @@ import torch
 
 from reference.decoder import SpeculativeDecoder
 from reference.processors import SamplingConfig, logits_to_probs
-from reference.sampling import sample
 from specverify.core.errors import InvalidArgument
+from specverify.core.sampling import sample
 from specverify.mutants import CatalogueEntry
 
 __all__ = [

@@ -40,8 +40,8 @@ from __future__ import annotations
 
 import torch
 
-from reference.sampling import sample
 from specverify.core.errors import InvalidArgument
+from specverify.core.sampling import sample
 from specverify.core.tables import TableModel
 from specverify.core.validation import check_generator, check_int, check_shape
 from specverify.mutants import CatalogueEntry

@@ -29,8 +29,8 @@ from typing import NamedTuple
 
 import torch
 
-from reference.sampling import sample, uniform
 from specverify.core.errors import InvalidArgument
+from specverify.core.sampling import sample, uniform
 from specverify.core.validation import check_generator, check_shape, check_tokens
 
 __all__ = [
@@ -266,7 +266,7 @@ def bonus_residual(blk: Block) -> torch.Tensor:
 
 
 def draw_exact(weights, blk: Block, **_) -> torch.Tensor:
-    """Canonical: exact inverse CDF scaled by each row's total (``reference.sampling.sample``)."""
+    """Canonical: exact inverse CDF scaled by each row's total (``specverify.core.sampling.sample``)."""
     return sample(weights, generator=blk.generator, check=False)
 
 

@@ -2,7 +2,7 @@
 
 Every entry is a uniforms-in kernel ``kernel(target_probs, draft_probs, tokens, parents, *,
 mode, coins, final_coins)`` wrapped by
-:func:`~specverify.verifier.tree.protocol.uniforms_in` into the tree-verifier protocol, so
+:func:`~specverify.protocols.tree.uniforms_in` into the tree-verifier protocol, so
 the harness can also hand it edge-case coins.  Two walkers cover them:
 
 * :func:`sibling_walk` -- the sibling-by-sibling rules (SpecInfer, RRSw, top-k) with one
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 
 import torch
 
-from reference.sampling import inverse_cdf
 from reference.tree_rules import canonical_residual, drop_token
-from specverify.verifier.tree.protocol import PAD, children_table, node_depths, uniforms_in
+from specverify.core.sampling import inverse_cdf
+from specverify.protocols.tree import PAD, children_table, node_depths, uniforms_in
 
 __all__ = ["ENTRIES", "IID_OR_TOPK", "TOPK_OR_ANY", "SiblingSteps", "coin_walk", "sibling_walk"]
 

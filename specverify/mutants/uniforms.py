@@ -1,7 +1,7 @@
 """Uniforms-in chain kernels of the catalogue: a lossy one and the canonical one, behind the adapter.
 
 Both are kernels ``kernel(target_probs, draft_probs, draft_tokens, *, uniforms (B, K+1))``
-wrapped by :func:`specverify.verifier.uniforms.uniforms_in`, so the harness draws their
+wrapped by :func:`specverify.protocols.uniforms.uniforms_in`, so the harness draws their
 coins from its generator exactly as it would for a GPU kernel (FlashInfer, SGLang).
 
 * ``uniforms_reuse_rejected`` (mutant): the final draw after a rejection at draft i uses
@@ -18,7 +18,7 @@ from reference.rules import check_verifier_inputs
 from reference.uniforms import _assemble, accept_with_uniforms, final_draw
 from reference.uniforms import verify as canonical_uniforms
 from specverify.mutants import CatalogueEntry
-from specverify.verifier.uniforms import uniforms_in
+from specverify.protocols.uniforms import uniforms_in
 
 __all__ = ["ENTRIES", "reuse_rejected_kernel"]
 

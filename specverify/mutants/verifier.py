@@ -34,7 +34,7 @@ import torch
 
 from reference.rules import greedy_verify
 from reference.rules import verify as reference_verify
-from reference.sampling import sample
+from specverify.core.sampling import sample
 from specverify.mutants import CatalogueEntry
 from specverify.mutants import steps as S
 

@@ -243,8 +243,8 @@ def estimate_law_limit(
         ``{"n_lr_tokens": None, "note": ...}`` when the test has no token law (protocol,
         independence, ...).
     """
+    from specverify.core.seeds import scenario_seed
     from specverify.verifier.harness import run_harness
-    from specverify.verifier.scenarios import scenario_seed
 
     rows = check_int("rows", rows, minimum=1)
     if family not in ("gof", "directed", "acceptance", "support"):

@@ -11,7 +11,7 @@ process, N processes or a cluster.  :mod:`.faults` injects a lost worker for dri
 
 from .backends import BACKENDS, ShardError, check_backend, execute
 from .collect import Collected, collect_runs
-from .plan import Shard, WorkItem, group_seed, plan_shards
+from .plan import Shard, WorkItem, plan_shards
 from .work import Job, merge_runs, merge_tree_runs, run_shard
 
 __all__ = [
@@ -24,7 +24,6 @@ __all__ = [
     "check_backend",
     "collect_runs",
     "execute",
-    "group_seed",
     "merge_runs",
     "merge_tree_runs",
     "plan_shards",

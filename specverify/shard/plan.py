@@ -20,14 +20,8 @@ from dataclasses import dataclass
 
 from specverify.core.errors import InvalidArgument
 from specverify.core.validation import check_int
-from specverify.verifier.scenarios import scenario_seed
 
-__all__ = ["WorkItem", "Shard", "plan_shards", "group_seed"]
-
-
-def group_seed(seed: int, scenario: str, group: int) -> int:
-    """The seed of group ``group`` of ``scenario`` under the root ``seed`` (platform independent)."""
-    return scenario_seed(seed, f"{scenario}/group={group}")
+__all__ = ["WorkItem", "Shard", "plan_shards"]
 
 
 @dataclass(frozen=True)

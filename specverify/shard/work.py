@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from specverify.core.errors import ImplementationError, InvalidArgument
-from specverify.shard.plan import Shard, group_seed
+from specverify.core.seeds import group_seed
+from specverify.shard.plan import Shard
 from specverify.verifier.harness import HarnessRun
 
 __all__ = [

@@ -46,12 +46,13 @@ from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.progress import ProgressTracker
 from specverify.core.repro import python_repro
 from specverify.core.results import Report, TestResult, protocol_result
+from specverify.core.seeds import scenario_seed
 from specverify.core.tables import TableModel
 from specverify.core.validation import check_alpha, check_int, check_run_options
 from specverify.shard.collect import Parallel, collect_runs, run_battery
 from specverify.shard.work import Job
 from specverify.verifier.harness import HarnessRun, run_harness
-from specverify.verifier.scenarios import TIERS, Scenario, get_scenarios, scenario_seed
+from specverify.verifier.scenarios import TIERS, Scenario, get_scenarios
 
 __all__ = [
     "check_verifier",

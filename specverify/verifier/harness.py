@@ -1,7 +1,7 @@
 """Drive full speculative decoding around a verifier under test, on table models.
 
 One *round* for every unfinished row: draft K tokens exactly from the drafter
-table (:func:`reference.sampling.sample`), gather the target rows p_1..p_{K+1}
+table (:func:`specverify.core.sampling.sample`), gather the target rows p_1..p_{K+1}
 for the drafted prefix, call the verifier, validate its output
 (:func:`validate_verifier_output`), append the emitted tokens.  Rows advance
 independently (per-row lengths into a ``(B, L+K+1)`` buffer) until every row
@@ -46,7 +46,7 @@ from specverify.core.devices import check_device
 from specverify.core.errors import InvalidArgument
 from specverify.core.tables import TableModel
 from specverify.core.validation import check_generator, check_int
-from specverify.verifier.protocol import call_verifier, check_determinism, validate_verifier_output
+from specverify.protocols.chain import call_verifier, check_determinism, validate_verifier_output
 from specverify.verifier.rounds import (
     _Columns,
     _ContextSampler,
@@ -119,7 +119,7 @@ class HarnessRun:
 def sample_contexts(cdf_table: torch.Tensor, contexts: torch.Tensor, *, generator: torch.Generator) -> torch.Tensor:
     """One token per entry of ``contexts`` from the rows whose float64 CDFs are ``cdf_table`` (C, V).
 
-    The inverse CDF of :func:`reference.sampling.sample` with the per-context
+    The inverse CDF of :func:`specverify.core.sampling.sample` with the per-context
     cumulative sums computed once: the same float64 CDF, one uniform per draw scaled
     by the row total (capped below it), ``searchsorted(right=True)`` so that a token of
     weight 0 is never returned.
@@ -144,7 +144,7 @@ class HarnessSetup:
     device : torch.device
     draft_sampler : _ContextSampler
         Exact draws from the drafter's rows (their float64 CDFs, as
-        :func:`reference.sampling.sample` computes them).
+        :func:`specverify.core.sampling.sample` computes them).
     steps : tuple of two _Transitions
         Context transitions of the target and the drafter.
     target_table, draft_table : Tensor (Ct, V), (Cd, V)

@@ -38,6 +38,7 @@ import torch
 
 from specverify.core.errors import InvalidArgument
 from specverify.core.results import TestResult, _jsonable
+from specverify.core.seeds import scenario_seed
 from specverify.core.tables import TableModel
 from specverify.core.validation import check_int
 from specverify.stats.budget import grade_run
@@ -45,7 +46,7 @@ from specverify.stats.divergence import DivergenceEstimate, divergence
 from specverify.stats.gof import support_test
 from specverify.stats.sparse import gof_pair
 from specverify.verifier.harness import HarnessRun, run_harness
-from specverify.verifier.scenarios import TIERS, Scenario, get_scenarios, scenario_seed
+from specverify.verifier.scenarios import TIERS, Scenario, get_scenarios
 
 __all__ = [
     "StratumDivergence",

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from reference.sampling import chunk_rows, search_cdf, uniform
+from specverify.core.sampling import chunk_rows, search_cdf, uniform
 from specverify.core.tables import TableModel
 
 __all__ = ["acceptance_overlap", "OVERLAP_CELLS"]

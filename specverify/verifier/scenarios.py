@@ -47,13 +47,13 @@ output is :func:`reference.rules.greedy_verify` (ties to the lowest token id).
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict, dataclass, field
 
 import torch
 
 from specverify.core import portable, tables
 from specverify.core.errors import InvalidArgument
+from specverify.core.seeds import scenario_seed
 from specverify.verifier import zoo
 
 __all__ = ["Scenario", "SCENARIOS", "GREEDY_SCENARIOS", "TIER_SCALE", "TIERS", "scenario_seed", "get_scenarios"]
@@ -65,12 +65,6 @@ TIERS = ("smoke", "standard", "deep")
 #: Scenarios with at most this many tokens carry the first table rows in their config (reports show them).
 PREVIEW_MAX_VOCAB = 32
 TIER_SCALE = {"smoke": 4, "standard": 64, "deep": 2048}
-
-
-def scenario_seed(seed: int, name: str) -> int:
-    """Deterministic 63-bit seed from the run seed and a scenario name (sha256)."""
-    digest = hashlib.sha256(f"{int(seed)}/{name}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
 
 
 @dataclass(frozen=True)

@@ -230,7 +230,7 @@ def sweep(
     make_verify : callable
         ``make_verify(value) -> verify``, a chain verifier (protocol of
         :func:`specverify.verifier.measure.measure_divergence`), or with ``kind="tree"`` a
-        tree verifier (:mod:`specverify.verifier.tree.protocol`).
+        tree verifier (:mod:`specverify.protocols.tree`).
     values : sequence
         Knob values in the order to report them (at least one).
     scenario : str or Scenario or TreeScenario, optional

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from specverify.verifier.tree.protocol import PAD
+from specverify.protocols.tree import PAD
 
 __all__ = ["TREE"]
 

@@ -21,8 +21,8 @@ from _strategies import pooled_chisquare
 
 from specverify.adapters import eagle as adapter
 from specverify.core.errors import InvalidArgument
+from specverify.protocols.tree import TreeBatch, check_tree_output
 from specverify.verifier.tree.layouts import from_eagle, to_eagle
-from specverify.verifier.tree.protocol import TreeBatch, check_tree_output
 
 try:
     import eagle.model.utils  # noqa: F401

@@ -22,7 +22,7 @@ from reference import lossy
 from specverify.adapters import medusa as chain_adapter
 from specverify.adapters import medusa_tree as adapter
 from specverify.core.errors import ImplementationError, InvalidArgument
-from specverify.verifier.tree.protocol import PAD, TreeBatch, check_tree_output
+from specverify.protocols.tree import PAD, TreeBatch, check_tree_output
 
 try:
     import medusa.model.utils  # noqa: F401

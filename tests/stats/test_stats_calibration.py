@@ -4,7 +4,7 @@ lies within binomial bounds at meta-alpha 1e-6.  The default run uses a few hund
 runs per test; the @slow variants use thousands.
 
 Null laws: flat, Zipf over 32k tokens, one dominant token, many exact zeros (svstats_helpers).
-Sampling: numpy Generator(seed).multinomial for counts, reference.sampling.sample for tokens.
+Sampling: numpy Generator(seed).multinomial for counts, specverify.core.sampling.sample for tokens.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import torch
 from scipy import stats as sps
 from svstats_helpers import META_ALPHA, NULL_SHAPES, multinomial, rate_bounds
 
-from reference.sampling import sample
 from specverify import stats
+from specverify.core.sampling import sample
 
 ALPHA = 0.01
 REPS = [200, pytest.param(4000, marks=pytest.mark.slow, id="slow")]

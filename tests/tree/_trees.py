@@ -14,7 +14,7 @@ from _strategies import normalise, pq_pairs, weight_rows
 from hypothesis import strategies as st
 
 from specverify.core.tables import MarkovTable
-from specverify.verifier.tree.protocol import PAD, ROOT
+from specverify.protocols.tree import PAD, ROOT
 
 __all__ = ["tree_shapes", "table_pairs", "fixed_rows", "batch_of", "FIXED_TREES"]
 

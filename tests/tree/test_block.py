@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from reference.block import verify
 from reference.rules import verify as token_wise_verify
-from reference.sampling import sample
 from specverify.core.errors import InvalidArgument
+from specverify.core.sampling import sample
 from specverify.core.tables import PositionalCategorical, markov, positional
 from specverify.verifier.tree.exact import sequence_law
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from reference.tree_rules import verify_tree
 from specverify.core.errors import InvalidArgument
+from specverify.protocols.tree import PAD, TreeBatch, check_tree_output, uniforms_in
 from specverify.verifier.tree.exact import conditional_round_law
 from specverify.verifier.tree.layouts import (
     eagle_candidates,
@@ -30,7 +31,6 @@ from specverify.verifier.tree.layouts import (
     to_eagle,
     to_sglang,
 )
-from specverify.verifier.tree.protocol import PAD, TreeBatch, check_tree_output, uniforms_in
 
 ALPHA = 1e-6
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 
 from reference.tree_rules import verify_tree, verify_tree_coins
 from specverify.core.errors import ImplementationError, InvalidArgument
-from specverify.verifier.tree.protocol import (
+from specverify.protocols.tree import (
     PAD,
     TreeBatch,
     call_tree_verifier,

@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 
 from specverify.core.errors import InvalidArgument
 from specverify.core.tables import MarkovTable, markov, positional
+from specverify.protocols.tree import PAD
 from specverify.verifier.tree import exact
-from specverify.verifier.tree.protocol import PAD
 from specverify.verifier.tree.rules import SPECINFER, SiblingRule
 
 ATOL = 1e-12

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from reference.tree_rules import verify_tree
 from specverify.core.errors import InvalidArgument
+from specverify.protocols.tree import TreeBatch, check_tree_output
 from specverify.verifier.tree.exact import conditional_round_law
-from specverify.verifier.tree.protocol import TreeBatch, check_tree_output
 
 ALPHA = 1e-6
 V = 4

@@ -21,14 +21,14 @@ import torch
 
 from reference import rules
 from reference.rules import check_verifier_inputs
-from reference.sampling import search_cdf, uniform
 from specverify.core import tables, validation
 from specverify.core.errors import InvalidArgument
 from specverify.core.rowsums import plainly_normalised
+from specverify.core.sampling import search_cdf, uniform
 from specverify.core.validation import PROB_ATOL, check_probs, check_tokens
+from specverify.protocols.chain import validate_verifier_output
 from specverify.verifier import zoo
 from specverify.verifier.harness import _Transitions
-from specverify.verifier.protocol import validate_verifier_output
 from specverify.verifier.rounds import _ContextSampler, _Group
 
 

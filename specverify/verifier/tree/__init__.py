@@ -10,7 +10,7 @@ type, :class:`~specverify.verifier.tree.law.TreeLaw`).  The reference rules live
 
 from __future__ import annotations
 
-from specverify.verifier.tree.protocol import (
+from specverify.protocols.tree import (
     MODES,
     PAD,
     ROOT,

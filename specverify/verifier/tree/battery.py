@@ -10,7 +10,7 @@ here: the law of the accepted depth per round, against its exact value
 Everything is graded once under one error budget (:func:`specverify.stats.grade_run`).
 
 The verifier is called with float32 rows through
-:func:`~specverify.verifier.tree.protocol.call_tree_verifier`; an exception, a protocol
+:func:`~specverify.protocols.tree.call_tree_verifier`; an exception, a protocol
 violation or a non-deterministic output is an ``ImplementationError`` recorded in the
 report (verdict "fail"), never a crash.
 
@@ -178,7 +178,7 @@ def check_tree_verifier(
     verify_tree : callable
         ``verify_tree(target_probs (B, N+1, V), draft_probs (B, N+1, V) | None, tokens (B, N),
         parents (B, N), *, mode, generator) -> (emitted (B, D+1), num_emitted (B,), path (B, D))``
-        (see :mod:`specverify.verifier.tree.protocol`); it receives float32 probabilities.
+        (see :mod:`specverify.protocols.tree`); it receives float32 probabilities.
     tier : {"smoke", "standard", "deep"}
     seed : int
         Root seed; each scenario's generator derives from (seed, scenario name).

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from specverify.core.errors import InvalidArgument
-from specverify.verifier.tree.protocol import MODES
+from specverify.protocols.tree import MODES
 
 __all__ = ["as_chain_verifier"]
 

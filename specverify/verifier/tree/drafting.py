@@ -33,10 +33,10 @@ from dataclasses import dataclass
 
 import torch
 
-from reference.sampling import sample
 from specverify.core.errors import InvalidArgument
+from specverify.core.sampling import sample
 from specverify.core.tables import TableModel
-from specverify.verifier.tree.protocol import MODES, PAD, ROOT
+from specverify.protocols.tree import MODES, PAD, ROOT
 
 __all__ = ["DraftedTrees", "TreeDrafting", "draft_trees", "top_tokens"]
 

@@ -38,8 +38,8 @@ import torch
 from specverify.core.errors import InvalidArgument
 from specverify.core.tables import TableModel
 from specverify.core.validation import check_int, check_probs
+from specverify.protocols.tree import PAD, check_parents, check_tree_inputs, children_table, node_depths
 from specverify.verifier.tree.law import TreeLaw
-from specverify.verifier.tree.protocol import PAD, check_parents, check_tree_inputs, children_table, node_depths
 from specverify.verifier.tree.rules import sibling_rule
 
 __all__ = [
@@ -88,7 +88,7 @@ def conditional_round_law(target_probs, draft_probs, tokens, parents, *, mode: s
     target_probs : Tensor, shape (B, N+1, V)
     draft_probs : Tensor, shape (B, N+1, V) or None (modes "topk", "any")
     tokens, parents : Tensor, shape (B, N), integer
-        As in the tree-verifier protocol (:mod:`specverify.verifier.tree.protocol`).
+        As in the tree-verifier protocol (:mod:`specverify.protocols.tree`).
     mode : {"iid", "wor", "topk", "any"}
         Selects the lossless rule of that mode unless ``rule`` is given.
     rule : str or SiblingRule, optional

@@ -3,7 +3,7 @@
 One *round* for every unfinished row: grow a draft tree from the row's contexts
 (:func:`~specverify.verifier.tree.drafting.draft_trees`), gather the target's exact row at
 the root and at every node and the drafter's row at every slot, call the verifier through
-:func:`~specverify.verifier.tree.protocol.call_tree_verifier` (which validates the output),
+:func:`~specverify.protocols.tree.call_tree_verifier` (which validates the output),
 and append the emitted tokens.  Rows advance independently until each holds L tokens.
 
 The result is a chain :class:`~specverify.verifier.harness.HarnessRun`, so the chain
@@ -34,11 +34,11 @@ from specverify.core.devices import check_device, check_prob_dtype
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.tables import TableModel
 from specverify.core.validation import check_generator, check_int
+from specverify.protocols.tree import TreeBatch, call_tree_verifier, children_table, draw_uniforms
 from specverify.verifier.harness import HarnessRun, collect_run
 from specverify.verifier.rounds import _Columns, _Group
 from specverify.verifier.tree.drafting import TreeDrafting, draft_trees
 from specverify.verifier.tree.exact import node_law
-from specverify.verifier.tree.protocol import TreeBatch, call_tree_verifier, children_table, draw_uniforms
 
 __all__ = ["TreeHarnessRun", "run_tree_harness"]
 
@@ -109,7 +109,7 @@ def run_tree_harness(
     """Run tree speculative decoding with ``verify_tree`` on table models; see the module docstring.
 
     ``edge_coins=True`` drives a uniforms-in kernel (``verify_tree.kernel``, see
-    :func:`~specverify.verifier.tree.protocol.uniforms_in`) with exact-zero coins on every
+    :func:`~specverify.protocols.tree.uniforms_in`) with exact-zero coins on every
     fourth row: only exact tests (support, protocol) stay valid on such a run.
 
     ``device`` (default the CPU) is where ``verify_tree`` runs: its inputs are copied there

@@ -38,7 +38,7 @@ import torch
 
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.validation import check_shape
-from specverify.verifier.tree.protocol import PAD, ROOT, check_parents, children_table, node_depths
+from specverify.protocols.tree import PAD, ROOT, check_parents, children_table, node_depths
 
 __all__ = [
     "SGLangTree",
@@ -208,7 +208,7 @@ def sglang_target_only_kernel(
     pass_draft_probs: bool = False,
     prob_dtype: torch.dtype = torch.float32,
 ) -> Callable:
-    """A uniforms-in kernel (for :func:`~specverify.verifier.tree.protocol.uniforms_in`) around SGLang's target-only kernel.
+    """A uniforms-in kernel (for :func:`~specverify.protocols.tree.uniforms_in`) around SGLang's target-only kernel.
 
     ``kernel`` is called as sgl_kernel's ``tree_speculative_sampling_target_only(predicts,
     accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,

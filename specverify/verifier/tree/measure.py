@@ -23,9 +23,10 @@ from __future__ import annotations
 import torch
 
 from specverify.core.errors import ImplementationError, InvalidArgument
+from specverify.core.seeds import scenario_seed
 from specverify.core.validation import check_int
 from specverify.verifier.measure import MeasureResult, measure_run
-from specverify.verifier.scenarios import TIERS, scenario_seed
+from specverify.verifier.scenarios import TIERS
 from specverify.verifier.tree.harness import run_tree_harness
 from specverify.verifier.tree.scenarios import TreeScenario, get_tree_scenarios
 
@@ -63,7 +64,7 @@ def measure_tree_divergence(
     ----------
     verify_tree : callable
         Tree verifier protocol ``verify_tree(target_probs, draft_probs, tokens, parents, *, mode, generator)``
-        (:mod:`specverify.verifier.tree.protocol`).
+        (:mod:`specverify.protocols.tree`).
     scenario : str or TreeScenario, optional
         A tree battery scenario (default :data:`DEFAULT_TREE_SCENARIO`, EAGLE's static top-3/top-2 tree);
         its drafting fixes the tree shape and ``mode``.

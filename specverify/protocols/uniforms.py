@@ -109,7 +109,7 @@ def uniforms_in(kernel: Callable, *, dtype: torch.dtype = torch.float64) -> Call
 
     verify.kernel = kernel  # type: ignore[attr-defined]
     verify.__name__ = verify.__qualname__ = _name(kernel, "verify")
-    verify.__doc__ = f"Uniforms-in adapter of {verify.__name__} (see specverify.verifier.uniforms)."
+    verify.__doc__ = f"Uniforms-in adapter of {verify.__name__} (see specverify.protocols.uniforms)."
     return verify
 
 
@@ -139,5 +139,5 @@ def seed_offset_in(kernel: Callable) -> Callable:
 
     verify.kernel = kernel  # type: ignore[attr-defined]
     verify.__name__ = verify.__qualname__ = _name(kernel, "verify")
-    verify.__doc__ = f"Seed/offset adapter of {verify.__name__} (see specverify.verifier.uniforms)."
+    verify.__doc__ = f"Seed/offset adapter of {verify.__name__} (see specverify.protocols.uniforms)."
     return verify

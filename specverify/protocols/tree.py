@@ -288,7 +288,7 @@ def uniforms_in(kernel: Callable) -> Callable:
 
     verify_tree.kernel = kernel  # type: ignore[attr-defined]
     verify_tree.__name__ = getattr(kernel, "__name__", "verify_tree")
-    verify_tree.__doc__ = f"Uniforms-in adapter of {verify_tree.__name__} (see specverify.verifier.tree.protocol)."
+    verify_tree.__doc__ = f"Uniforms-in adapter of {verify_tree.__name__} (see specverify.protocols.tree)."
     return verify_tree
 
 
