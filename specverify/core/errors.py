@@ -59,9 +59,9 @@ def raised_at(error: BaseException) -> str:
         return ""
     skip = [os.path.dirname(os.__file__)]  # the standard library
     for name in ("torch", "numpy", "scipy", "specverify"):
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "__file__", None):
-            skip.append(os.path.dirname(os.path.abspath(module.__file__)))
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if file:
+            skip.append(os.path.dirname(os.path.abspath(file)))
     own = [f for f in frames if not any(os.path.abspath(f.filename).startswith(d + os.sep) for d in skip)]
     if not own:  # raised inside the suite's own checks or a library: the message says what
         return ""

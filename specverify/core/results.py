@@ -88,7 +88,7 @@ def _value_of(hint: Any, value: Any) -> Any:
     if origin is tuple and isinstance(value, list):
         item = args[0] if args else Any
         return tuple(_value_of(item, v) for v in value)
-    if dataclasses.is_dataclass(hint) and isinstance(value, Mapping):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint) and isinstance(value, Mapping):
         return from_jsonable(hint, value)
     if hint is float and isinstance(value, str):
         return float(value)
