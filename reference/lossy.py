@@ -26,7 +26,7 @@ from "lossy and also buggy" (``docs/trees-and-lossy.md``, "Lossy rules"):
 Exact laws: ``*_position_laws`` give P(position i emitted and equals y) for one call
 (shape (..., K+1, V)), ``*_declared_law(target, draft)`` the law at one position given it
 is reached (``draft=None`` at the bonus position) -- what
-:func:`specverify.verifier.measure.measure_divergence` checks samples against.  The
+:func:`specverify.measure.chain.measure_divergence` checks samples against.  The
 factories :func:`ensemble`, :func:`typical`, :func:`threshold` return a verify callable
 carrying its ``declared_law`` (for ``specverify measure --verifier reference.lossy:ensemble
 --verifier-option weight=0.5``).
@@ -41,8 +41,7 @@ import functools
 import torch
 
 from reference.rules import check_verifier_inputs
-from specverify.core.errors import InvalidArgument
-from specverify.core.exact import (
+from specverify.core.chain_laws import (
     acceptance_probability,
     chain_laws,
     ensemble_rule,
@@ -50,6 +49,7 @@ from specverify.core.exact import (
     typical_rule,
     typical_threshold,
 )
+from specverify.core.errors import InvalidArgument
 from specverify.core.sampling import sample, uniform
 from specverify.core.validation import check_generator
 
@@ -236,7 +236,7 @@ def ensemble_declared_law(target_probs, draft_probs=None, *, weight: float = 0.5
 
 def ensemble_position_laws(target_probs, draft_probs, *, weight: float = 0.5) -> torch.Tensor:
     """Per in-block position law of one :func:`ensemble_verify` call; (..., K+1, V)."""
-    from specverify.core.exact import position_laws
+    from specverify.core.chain_laws import position_laws
 
     return position_laws(target_probs, draft_probs, rule=ensemble_rule(_check_weight(weight)))
 

@@ -17,7 +17,7 @@ _LAZY = {
     "check_decoder": "specverify.decoder",
     "audit_drafter": "specverify.drafter",
     "check_tree_verifier": "specverify.verifier.tree.battery",
-    "measure_divergence": "specverify.verifier.measure",
+    "measure_divergence": "specverify.measure.chain",
     "Report": "specverify.core.results",
     "TestResult": "specverify.core.results",
     "write_report": "specverify.report",

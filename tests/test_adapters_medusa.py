@@ -17,7 +17,7 @@ from _medusa import medusa_formula
 from reference import lossy
 from specverify.adapters import medusa as adapter
 from specverify.core.errors import ImplementationError, InvalidArgument
-from specverify.verifier.measure import measure_divergence
+from specverify.measure.chain import measure_divergence
 
 try:
     import medusa.model.utils  # noqa: F401

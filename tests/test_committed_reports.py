@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from specverify.verifier.sweep import SweepResult
+from specverify.measure.sweep import SweepResult
 
 ROOT = Path(__file__).resolve().parents[1]
 

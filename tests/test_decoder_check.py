@@ -27,7 +27,7 @@ from specverify.core.sampling import sample
 from specverify.core.seeds import derive_seed
 from specverify.core.tables import markov
 from specverify.decoder import TIER_PLANS, check_decoder
-from specverify.decoder.exact import prefix_ids
+from specverify.decoder.conditionals import prefix_ids
 from specverify.decoder.protocol import make_prompts
 from specverify.mutants import entries
 from specverify.mutants.decoder import make_decoder_mutant

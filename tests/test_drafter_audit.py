@@ -21,8 +21,9 @@ from specverify.core.errors import InvalidArgument
 from specverify.core.results import Report
 from specverify.core.sampling import sample, uniform
 from specverify.core.tables import PositionalCategorical, markov
-from specverify.drafter import AUDIT_PLANS, audit_drafter, costmodel
+from specverify.drafter import AUDIT_PLANS, audit_drafter
 from specverify.drafter.acceptance import clopper_pearson
+from specverify.measure import costmodel
 from specverify.mutants.drafter import greedy_sample_soft_q
 from specverify.verifier import zoo
 

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from specverify.core.errors import InvalidArgument
-from specverify.drafter.costmodel import (
+from specverify.measure.costmodel import (
     best_draft_length,
     expected_tokens_per_round,
     latency_per_token,

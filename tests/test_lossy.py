@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from reference import lossy
-from specverify.core import exact
+from specverify.core import chain_laws
 from specverify.core.errors import InvalidArgument
 from specverify.core.sampling import sample
 
@@ -138,7 +138,7 @@ def test_threshold_chain_one_hot_drafter_is_one_level_law():
 
 def test_lossless_corners_are_the_target():
     p, q = _rows(9, 4, 8), _rows(10, 3, 8)
-    canonical = exact.position_laws(p, q)
+    canonical = chain_laws.position_laws(p, q)
     assert torch.allclose(lossy.ensemble_position_laws(p, q, weight=1.0), canonical, atol=1e-12)
     # t = 1 thresholds are lossless for any drafter: every position is the target row
     laws = lossy.threshold_position_laws(p, q, threshold_acc=1.0)
@@ -148,7 +148,7 @@ def test_lossless_corners_are_the_target():
 
 def test_typical_rule_pieces():
     p = torch.tensor([0.6, 0.3, 0.05, 0.05], dtype=torch.float64)
-    thr = float(exact.typical_threshold(p, eps=0.09, delta=0.3))
+    thr = float(chain_laws.typical_threshold(p, eps=0.09, delta=0.3))
     H = -float((p * p.log()).sum())
     assert thr == pytest.approx(min(0.09, 0.3 * np.exp(-H)))
     trunc = lossy.typical_declared_law(p, None)
@@ -173,8 +173,8 @@ def test_factories_carry_declared_law():
         (lambda: lossy.ensemble(1.5), "weight"),
         (lambda: lossy.threshold(0.0), "threshold_acc"),
         (lambda: lossy.threshold(0.5, 1.2), "threshold_single"),
-        (lambda: exact.ensemble_rule(-0.1), "weight"),
-        (lambda: exact.typical_rule(0.0, 0.3), "eps"),
+        (lambda: chain_laws.ensemble_rule(-0.1), "weight"),
+        (lambda: chain_laws.typical_rule(0.0, 0.3), "eps"),
         (
             lambda: lossy.ensemble_verify(
                 torch.ones(2, 3, 4) / 4, torch.ones(2, 2, 4) / 4, torch.zeros(2, 3), generator=torch.Generator()

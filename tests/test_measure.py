@@ -18,7 +18,7 @@ from reference import lossy
 from reference.rules import verify as canonical_verify
 from specverify.cli import measure as measure_cli
 from specverify.core.errors import InvalidArgument
-from specverify.verifier.measure import measure_divergence
+from specverify.measure.chain import measure_divergence
 from specverify.verifier.scenarios import get_scenarios
 
 LEVEL = 0.99
@@ -215,7 +215,7 @@ def test_hf_generate_ensemble_conforms_at_draft_positions():
     hf = pytest.importorskip("specverify.adapters.hf")
     import torch
 
-    from specverify.decoder.measure import measure_decoder_divergence
+    from specverify.measure.decoder import measure_decoder_divergence
 
     decoder = hf.tiny_assisted_decoder(k=2, assistant_ensemble_weight=0.5, seed=0)
     target = decoder.target()
@@ -238,8 +238,8 @@ def test_tree_measure_sees_a_lossy_tree_rule_and_not_the_reference():
     """The reference tree rule measures 0 at every depth; the thresholds-below-one mutant (SGLang's lossy
     thresholds, planted) has a positive lower bound at depths 1 and 2 and accepts more per pass."""
     from reference.tree_rules import verify_tree
+    from specverify.measure.tree import measure_tree_divergence
     from specverify.mutants import by_name
-    from specverify.verifier.tree.measure import measure_tree_divergence
 
     exact = measure_tree_divergence(verify_tree, scenario="markov8_topk_3x2", level=LEVEL)
     lossy_rule = measure_tree_divergence(by_name("thresholds_below_one").fn, scenario="markov8_topk_3x2", level=LEVEL)

@@ -11,13 +11,13 @@ import re
 import pytest
 
 from specverify.core.results import Report, TestResult, effect_size, rank_flagged
+from specverify.measure.chain import MeasureResult, OverallTV, StratumDivergence
+from specverify.measure.sweep import SweepPoint, SweepResult
 from specverify.report import content as c
 from specverify.report import render_html, render_markdown
 from specverify.report.plots import bin_axis_label
 from specverify.report.sweep import render_sweep_html, render_sweep_markdown
 from specverify.stats.divergence import DivergenceEstimate
-from specverify.verifier.measure import MeasureResult, OverallTV, StratumDivergence
-from specverify.verifier.sweep import SweepPoint, SweepResult
 
 # ----------------------------------------------------------------------------- builders
 
@@ -306,14 +306,16 @@ _EFFICIENCY = {
 
 
 def test_drafter_summary_answers_the_efficiency_question():
+    from specverify.report import terminal_summary
+
     report = Report("drafter", "zoo", "smoke", 0, 1e-3, "pass", extra={"efficiency": _EFFICIENCY})
-    text = report.summary()
+    text = terminal_summary(report)
     assert (
         "efficiency at K=4: 4.160 tokens per target pass (exact 4.170); speedup 3.470x at drafter cost c=0.05" in text
     )
     assert "best K=6 at drafter cost c=0.05: speedup 4.100x (K > 4 assumes the last observed acceptance rate)" in text
     assert "memory-bound latency per token (8B parameters): plain decoding 4.78 ms" in text
-    assert "efficiency" not in Report("drafter", "zoo", "smoke", 0, 1e-3, "pass").summary()
+    assert "efficiency" not in terminal_summary(Report("drafter", "zoo", "smoke", 0, 1e-3, "pass"))
 
 
 def test_cli_drafter_audit_prints_best_k_and_speedup(tmp_path, capsys):

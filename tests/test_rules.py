@@ -2,7 +2,7 @@
 
 Statistical checks: per in-block position i, the category "token y emitted at i" or
 "block ended before i" over B rows is multinomial with probabilities from
-``specverify.core.exact.position_laws``; a pooled chi-square at alpha 1e-7 per position
+``specverify.core.chain_laws.position_laws``; a pooled chi-square at alpha 1e-7 per position
 (seed drawn inside the example).  Planted wrong rules (residual = p, bonus from the
 residual) run through the same check and must be rejected.
 """
@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reference.rules import check_verifier_inputs, greedy_verify, residual_weights, verify
-from specverify.core import exact
+from specverify.core import chain_laws
 from specverify.core.sampling import sample, uniform
 from specverify.mutants import by_name
 
@@ -48,7 +48,7 @@ def position_pvalues(verifier, target_table, draft_table, B, seed, rule="canonic
     draft_probs = draft_table.expand(B, K, V)  # (B, K, V)
     draft_tokens = sample(draft_probs, generator=generator)  # (B, K)
     tokens, num_emitted = verifier(target_probs, draft_probs, draft_tokens, generator=generator)
-    laws = exact.position_laws(target_table, draft_table, rule=rule).numpy()  # (K+1, V)
+    laws = chain_laws.position_laws(target_table, draft_table, rule=rule).numpy()  # (K+1, V)
     pvalues, failures = [], []
     for i in range(K1):
         reached = (num_emitted > i).numpy()  # (B,)
@@ -59,7 +59,9 @@ def position_pvalues(verifier, target_table, draft_table, B, seed, rule="canonic
             failures.append((i, np.flatnonzero((observed > 0) & (expected == 0)).tolist()))
         pvalues.append(pooled_chisquare(observed, expected)[1])
     emitted = np.bincount(num_emitted.numpy() - 1, minlength=K1).astype(np.float64)  # (K+1,)
-    pvalues.append(pooled_chisquare(emitted, exact.num_emitted_law(target_table, draft_table, rule=rule).numpy())[1])
+    pvalues.append(
+        pooled_chisquare(emitted, chain_laws.num_emitted_law(target_table, draft_table, rule=rule).numpy())[1]
+    )
     return pvalues, failures
 
 

@@ -17,12 +17,18 @@ from reference.rules import verify
 from specverify.core.errors import InvalidArgument
 from specverify.core.seeds import group_seed
 from specverify.mutants import by_name
-from specverify.shard import Job, ShardError, execute, merge_runs, plan_shards, run_shard
+from specverify.shard import Job, ShardError, execute, plan_shards, run_shard
 from specverify.shard.collect import Parallel, collect_runs
 from specverify.shard.faults import KillOnce
+from specverify.verifier.runs import ChainRunner, merge_runs
 from specverify.verifier.scenarios import get_scenarios
 
 SCENARIOS = ["pos8_uniform_k4", "pos2_least_likely_k2"]
+
+
+def _job(verify, seed, fault=None, names=tuple(SCENARIOS) + ("pos16_noisy_k1",)):
+    """A job running the chain harness of ``names`` with ``verify`` (the runner carries its scenarios)."""
+    return Job(ChainRunner(verify, seed, tuple(get_scenarios(list(names)))), fault=fault)
 
 
 def _stats(report):
@@ -52,7 +58,7 @@ def test_group_seeds_are_distinct_and_stable():
 
 def test_merge_is_concatenation_in_group_order():
     (scenario,) = get_scenarios(["pos8_uniform_k4"])
-    job = Job("verifier", verify, "smoke", 0)
+    job = _job(verify, 0)
     shards = plan_shards([(scenario.name, 3, 1.0)], 3)
     parts = [run_shard(job, shard).groups[0].run for shard in shards]
     merged = merge_runs(parts)
@@ -99,12 +105,12 @@ def test_threads_give_the_inline_report_and_restore_torch_threads():
 
 def test_a_killed_worker_is_retried_and_changes_nothing(tmp_path):
     fault = KillOnce(str(tmp_path / "killed"), shard=2)
-    job = Job("verifier", verify, "smoke", 1, fault=fault)
+    job = _job(verify, 1, fault=fault)
     collected = collect_runs(job, get_scenarios(SCENARIOS), tier="smoke", parallel=Parallel(shards=4, workers=2))
     assert fault.fired()
     incidents = collected.record["incidents"]
     assert incidents and all("BrokenProcessPool" in i["error"] for i in incidents)
-    undisturbed = collect_runs(Job("verifier", verify, "smoke", 1), get_scenarios(SCENARIOS), tier="smoke").runs
+    undisturbed = collect_runs(_job(verify, 1), get_scenarios(SCENARIOS), tier="smoke").runs
     for name in SCENARIOS:  # the merged runs, hence every statistic, are the undisturbed ones
         assert torch.equal(collected.runs[name].tokens, undisturbed[name].tokens)
         assert collected.runs[name].num_calls == undisturbed[name].num_calls
@@ -128,7 +134,7 @@ def _infrastructure_failure(shard_index):
 
 
 def test_infrastructure_errors_are_retried_then_reported():
-    job = Job("verifier", verify, "smoke", 0, fault=_infrastructure_failure)
+    job = _job(verify, 0, fault=_infrastructure_failure)
     shards = plan_shards([("pos8_uniform_k4", 2, 1.0)], 2)
     with pytest.raises(ShardError, match="failed 2 times; last: OSError: disk full"):
         execute(job, shards, backend="processes", workers=2, on_output=lambda out: None, retries=1)
@@ -147,7 +153,7 @@ def test_ctrl_c_stops_the_workers():
 
     before = set(multiprocessing.active_children())
     with pytest.raises(KeyboardInterrupt):
-        execute(Job("verifier", verify, "smoke", 0), shards, backend="processes", workers=2, on_output=interrupt)
+        execute(_job(verify, 0), shards, backend="processes", workers=2, on_output=interrupt)
     # The workers were sent SIGKILL and joined for up to 10 s; once, on a machine busy with another
     # heavy job, one was still alive right after the call, so the test gives them time to go.
     # Workers that were not killed would idle in their pool forever and fail it.
@@ -250,12 +256,12 @@ def test_default_parallelism_follows_the_tier_and_the_machine(monkeypatch):
     """Smoke in this process; larger tiers one worker process per CPU, if the job pickles and there are several."""
     from specverify.shard import backends
 
-    job = Job("verifier", verify, "standard", 0)
+    job = _job(verify, 0)
     monkeypatch.setattr(backends, "available_cpus", lambda: 3)
     assert backends.default_parallelism("smoke", job) == ("inline", 1)
     assert backends.default_parallelism("standard", job) == ("processes", 3)
     assert backends.default_parallelism("deep", job) == ("processes", 3)
-    unpicklable = Job("verifier", lambda *a, **k: verify(*a, **k), "standard", 0)
+    unpicklable = _job(lambda *a, **k: verify(*a, **k), 0)
     assert backends.default_parallelism("standard", unpicklable) == ("inline", 1)
     monkeypatch.setattr(backends, "available_cpus", lambda: 1)
     assert backends.default_parallelism("deep", job) == ("inline", 1)
@@ -312,7 +318,7 @@ def _tokens(names) -> int:
 def test_progress_moves_group_by_group_on_every_local_backend(parallel):
     """Every group is reported as it finishes: 20 groups in 1 or 2 shards give >= 19 steps in between."""
     recorder = _Recorder()
-    collect_runs(Job("verifier", verify, "smoke", 0), get_scenarios(SCENARIOS), tier="smoke", parallel=parallel,
+    collect_runs(_job(verify, 0), get_scenarios(SCENARIOS), tier="smoke", parallel=parallel,
                  progress=recorder)  # fmt: skip
     groups = sum(s.num_groups("smoke") for s in get_scenarios(SCENARIOS))
     recorder.check(_tokens(SCENARIOS), moves_at_least=groups - 1)
@@ -323,7 +329,7 @@ def test_progress_moves_group_by_group_on_every_local_backend(parallel):
 def test_progress_counts_a_retried_shard_once(tmp_path):
     recorder = _Recorder()
     fault = KillOnce(str(tmp_path / "killed"), shard=1)
-    collect_runs(Job("verifier", verify, "smoke", 1, fault=fault), get_scenarios(SCENARIOS), tier="smoke",
+    collect_runs(_job(verify, 1, fault=fault), get_scenarios(SCENARIOS), tier="smoke",
                  parallel=Parallel(shards=4, workers=2), progress=recorder)  # fmt: skip
     assert fault.fired()
     recorder.check(_tokens(SCENARIOS), moves_at_least=4)

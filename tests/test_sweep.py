@@ -1,4 +1,4 @@
-"""The trade-off sweep (specverify.verifier.sweep), its renderer and ``specverify measure --sweep``.
+"""The trade-off sweep (specverify.measure.sweep), its renderer and ``specverify measure --sweep``.
 
 On the reference ensemble rule (``reference.lossy.ensemble``) the declared law is exact,
 ``TV = (1 - w) TV(p, q)`` per draft position: the sweep must order the values (TV
@@ -15,9 +15,9 @@ import pytest
 from reference import lossy
 from specverify.cli.commands import main
 from specverify.core.errors import InvalidArgument
-from specverify.drafter.costmodel import expected_tokens_per_round
+from specverify.measure.costmodel import expected_tokens_per_round
+from specverify.measure.sweep import SweepResult, sweep
 from specverify.report.sweep import render_sweep_html, render_sweep_markdown, write_sweep
-from specverify.verifier.sweep import SweepResult, sweep
 
 LEVEL = 0.99
 WEIGHTS = (0.2, 0.6, 1.0)

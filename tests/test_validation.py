@@ -1,7 +1,7 @@
 """Bad input: every public function raises InvalidArgument naming the argument (and its value).
 
 Covers reference.rules (verify, greedy_verify), specverify.core.sampling (sample),
-specverify.core.exact, and the specverify.core.validation helpers directly.
+specverify.core.chain_laws, and the specverify.core.validation helpers directly.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from reference.rules import greedy_verify, verify
-from specverify.core import exact
+from specverify.core import chain_laws
 from specverify.core.errors import InvalidArgument, SpecVerifyError
 from specverify.core.sampling import sample
 from specverify.core.validation import (
@@ -108,79 +108,89 @@ CASES = [
     ("sample-generator", lambda: sample(torch.ones(2), generator="seed"), ["generator", "seed"]),
     (
         "one-step-nan",
-        lambda: exact.one_step_law(torch.tensor([float("nan"), 1.0]), torch.tensor([0.5, 0.5])),
+        lambda: chain_laws.one_step_law(torch.tensor([float("nan"), 1.0]), torch.tensor([0.5, 0.5])),
         ["target_probs[0]", "nan"],
     ),
     (
         "one-step-unnormalised",
-        lambda: exact.one_step_law(torch.tensor([0.5, 0.5]), torch.tensor([0.5, 0.7])),
+        lambda: chain_laws.one_step_law(torch.tensor([0.5, 0.5]), torch.tensor([0.5, 0.7])),
         ["draft_probs[]", "1.2"],
     ),
-    ("one-step-shape", lambda: exact.one_step_law(torch.ones(3) / 3, torch.ones(4) / 4), ["draft_probs", "(3)"]),
+    ("one-step-shape", lambda: chain_laws.one_step_law(torch.ones(3) / 3, torch.ones(4) / 4), ["draft_probs", "(3)"]),
     (
         "one-step-int",
-        lambda: exact.one_step_law(torch.tensor([0, 1]), torch.tensor([0.5, 0.5])),
+        lambda: chain_laws.one_step_law(torch.tensor([0, 1]), torch.tensor([0.5, 0.5])),
         ["target_probs", "dtype"],
     ),
     (
         "one-step-rule",
-        lambda: exact.one_step_law(torch.ones(2) / 2, torch.ones(2) / 2, rule="lossy"),
+        lambda: chain_laws.one_step_law(torch.ones(2) / 2, torch.ones(2) / 2, rule="lossy"),
         ["rule", "lossy"],
     ),
     (
         "acceptance-negative",
-        lambda: exact.acceptance_probability(torch.tensor([1.5, -0.5]), torch.ones(2) / 2),
+        lambda: chain_laws.acceptance_probability(torch.tensor([1.5, -0.5]), torch.ones(2) / 2),
         ["target_probs[1]", "-0.5"],
     ),
     (
         "position-laws-K0",
-        lambda: exact.position_laws(torch.ones(1, 3) / 3, torch.ones(0, 3)),
+        lambda: chain_laws.position_laws(torch.ones(1, 3) / 3, torch.ones(0, 3)),
         ["target_probs", "K >= 1"],
     ),
     (
         "position-laws-shape",
-        lambda: exact.position_laws(torch.ones(3, 3) / 3, torch.ones(3, 3) / 3),
+        lambda: chain_laws.position_laws(torch.ones(3, 3) / 3, torch.ones(3, 3) / 3),
         ["draft_probs", "(2, 3)"],
     ),
     (
         "num-emitted-nan",
-        lambda: exact.num_emitted_law(torch.ones(3, 2) / 2, torch.tensor([[float("nan"), 1.0], [0.5, 0.5]])),
+        lambda: chain_laws.num_emitted_law(torch.ones(3, 2) / 2, torch.tensor([[float("nan"), 1.0], [0.5, 0.5]])),
         ["draft_probs[0, 0]"],
     ),
     (
         "markov-init-shape",
-        lambda: exact.markov_chain_law(torch.ones(2, 2) / 2, torch.ones(2, 2) / 2, L=2),
+        lambda: chain_laws.markov_chain_law(torch.ones(2, 2) / 2, torch.ones(2, 2) / 2, L=2),
         ["target_init", "(2, 2)"],
     ),
     (
         "markov-transition-row",
-        lambda: exact.markov_chain_law(torch.ones(2) / 2, torch.tensor([[0.5, 0.5], [0.9, 0.9]]), L=2),
+        lambda: chain_laws.markov_chain_law(torch.ones(2) / 2, torch.tensor([[0.5, 0.5], [0.9, 0.9]]), L=2),
         ["target_transition[1]", "1.8"],
     ),
     (
         "markov-transition-shape",
-        lambda: exact.markov_chain_law(torch.ones(2) / 2, torch.ones(3, 3) / 3, L=2),
+        lambda: chain_laws.markov_chain_law(torch.ones(2) / 2, torch.ones(3, 3) / 3, L=2),
         ["target_transition", "(3, 3)"],
     ),
-    ("markov-L0", lambda: exact.markov_chain_law(torch.ones(2) / 2, torch.ones(2, 2) / 2, L=0), ["L", "0"]),
-    ("markov-L-float", lambda: exact.markov_chain_law(torch.ones(2) / 2, torch.ones(2, 2) / 2, L=2.0), ["L", "2.0"]),
-    ("markov-L-huge", lambda: exact.markov_chain_law(torch.ones(6) / 6, torch.ones(6, 6) / 6, L=40), ["L=40", "V=6"]),
-    ("spec-K0", lambda: exact.markov_speculative_law(*MARKOV, K=0, L=2), ["K", "0"]),
-    ("spec-K-bool", lambda: exact.markov_speculative_law(*MARKOV, K=True, L=2), ["K", "True"]),
+    ("markov-L0", lambda: chain_laws.markov_chain_law(torch.ones(2) / 2, torch.ones(2, 2) / 2, L=0), ["L", "0"]),
+    (
+        "markov-L-float",
+        lambda: chain_laws.markov_chain_law(torch.ones(2) / 2, torch.ones(2, 2) / 2, L=2.0),
+        ["L", "2.0"],
+    ),
+    (
+        "markov-L-huge",
+        lambda: chain_laws.markov_chain_law(torch.ones(6) / 6, torch.ones(6, 6) / 6, L=40),
+        ["L=40", "V=6"],
+    ),
+    ("spec-K0", lambda: chain_laws.markov_speculative_law(*MARKOV, K=0, L=2), ["K", "0"]),
+    ("spec-K-bool", lambda: chain_laws.markov_speculative_law(*MARKOV, K=True, L=2), ["K", "True"]),
     (
         "spec-draft-vocab",
-        lambda: exact.markov_speculative_law(*MARKOV[:2], torch.ones(3) / 3, torch.ones(3, 3) / 3, K=1, L=2),
+        lambda: chain_laws.markov_speculative_law(*MARKOV[:2], torch.ones(3) / 3, torch.ones(3, 3) / 3, K=1, L=2),
         ["draft_init", "(3,)"],
     ),
     (
         "spec-draft-nan",
-        lambda: exact.markov_speculative_law(*MARKOV[:3], torch.tensor([[1.0, 0.0], [float("nan"), 0.5]]), K=1, L=2),
+        lambda: chain_laws.markov_speculative_law(
+            *MARKOV[:3], torch.tensor([[1.0, 0.0], [float("nan"), 0.5]]), K=1, L=2
+        ),
         ["draft_transition[1, 0]"],
     ),
-    ("spec-rule", lambda: exact.markov_speculative_law(*MARKOV, K=1, L=2, rule=3), ["rule", "3"]),
+    ("spec-rule", lambda: chain_laws.markov_speculative_law(*MARKOV, K=1, L=2, rule=3), ["rule", "3"]),
     (
         "rule-bonus",
-        lambda: exact.VerificationRule("x", exact.CANONICAL.accept, exact.CANONICAL.residual, bonus="p"),
+        lambda: chain_laws.VerificationRule("x", chain_laws.CANONICAL.accept, chain_laws.CANONICAL.residual, bonus="p"),
         ["bonus", "'p'"],
     ),
 ]
@@ -203,8 +213,8 @@ def test_valid_edge_inputs_are_accepted():
     call_verify(target=float32_almost)
     call_verify(tokens=GOOD_X.int())
     sample(torch.tensor([0.0, 3.0, 1e-300]), generator=GEN)
-    exact.one_step_law(torch.ones(1), torch.ones(1))
-    exact.markov_speculative_law(*MARKOV, K=np.int64(2), L=np.int32(3))
+    chain_laws.one_step_law(torch.ones(1), torch.ones(1))
+    chain_laws.markov_speculative_law(*MARKOV, K=np.int64(2), L=np.int32(3))
 
 
 # --------------------------------------------------------------------------- the helpers directly

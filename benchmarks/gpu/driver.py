@@ -6,7 +6,7 @@ Sections (each timed, each skipped with a note when the time budget would be exc
 2. ``decoder.json`` -- the reference decoder (``reference.decoder.SpeculativeDecoder``) in
    bfloat16 vs direct sampling (``reference.direct.DirectSampler``): new tokens/s at each batch
    size, tokens per target pass, time per target pass (a direct step) against the
-   memory-bound estimate of ``specverify.drafter.costmodel.target_pass_seconds``;
+   memory-bound estimate of ``specverify.measure.costmodel.target_pass_seconds``;
 3. ``check_verifier.json`` (+ ``check_verifier/report.{json,md}``) --
    ``check_verifier(reference.rules.verify, device=...)`` at the smoke tier: verdict, wall time
    and detectable TV;
@@ -44,7 +44,7 @@ from reference.direct import DirectSampler
 from reference.models import make_pair
 from reference.processors import SamplingConfig
 from reference.rules import verify as reference_verify
-from specverify.drafter.costmodel import target_pass_seconds
+from specverify.measure.costmodel import target_pass_seconds
 from specverify.report import write_report
 from specverify.verifier.scenarios import TIER_SCALE
 

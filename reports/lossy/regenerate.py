@@ -103,7 +103,7 @@ def hf_ensemble_kernel() -> int:
     from reference.lossy import ensemble_declared_law
     from specverify.adapters.hf_kernel import SpeculativeSamplingVerifier
     from specverify.report.sweep import write_sweep
-    from specverify.verifier.sweep import sweep
+    from specverify.measure.sweep import sweep
 
     def make_verify(weight):
         return SpeculativeSamplingVerifier(assistant_ensemble_weight=None if weight == 1.0 else weight).verify
@@ -130,7 +130,7 @@ def hf_ensemble_generate() -> int:
 
     from reference.lossy import ensemble_declared_law
     from specverify.adapters.hf import HFTarget, tiny_assisted_decoder
-    from specverify.decoder.measure import measure_decoder_divergence
+    from specverify.measure.decoder import measure_decoder_divergence
     from specverify.report.io import atomic_write_text
 
     out = HERE / "hf-ensemble-generate"
@@ -222,7 +222,7 @@ def medusa_tree(names=tuple(MEDUSA_TREE)) -> int:
     from specverify.adapters.medusa_tree import MedusaTreeVerifier
     from specverify.report.io import atomic_write_text
     from specverify.report.sweep import write_sweep
-    from specverify.verifier.sweep import sweep
+    from specverify.measure.sweep import sweep
 
     status = 0
     for name in names:

@@ -4,7 +4,7 @@ Medusa (Cai et al. 2024, arXiv 2401.10774; PyPI package ``medusa-llm``) verifies
 of candidate continuations with *typical acceptance*: a candidate token x is accepted iff
 ``p(x) > min(posterior_threshold, posterior_alpha * exp(-H(p)))`` with
 ``H(p) = -sum p log(p + 1e-5)``, the longest accepted prefix wins (ties by likelihood).
-It is lossy by design; this adapter lets :func:`specverify.verifier.measure.measure_divergence`
+It is lossy by design; this adapter lets :func:`specverify.measure.chain.measure_divergence`
 measure how far, and check it against the exact law it declares
 (:func:`reference.lossy.typical_declared_law`).
 
@@ -54,8 +54,8 @@ import torch
 from reference.lossy import typical_declared_law
 from reference.rules import check_verifier_inputs
 from specverify.adapters.runtime import torch_threads
+from specverify.core.chain_laws import typical_threshold
 from specverify.core.errors import ImplementationError, InvalidArgument
-from specverify.core.exact import typical_threshold
 from specverify.core.sampling import sample
 from specverify.core.validation import check_float, check_generator, check_int
 

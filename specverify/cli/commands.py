@@ -299,11 +299,11 @@ def _run_examples(args) -> int:
 
 
 def _run_audit(args) -> int:
-    from specverify.report import write_report
+    from specverify.report import terminal_summary, write_report
 
     report = run_audit(args, progress=Progress())
     paths = write_report(report, Path(args.out), plots=not args.no_plots)
-    print(report.to_json() if args.json else report.summary())
+    print(report.to_json() if args.json else terminal_summary(report))
     if not args.json:
         print(f"report: {paths.get('html', paths.get('json'))}")
     if report.verdict == "error":  # the implementation could not be tested

@@ -16,9 +16,9 @@
                        [--declared-law ... (needs --draft)] [--seed N] [--level 0.95] [--out DIR] [--json]
 
 A tree verifier is measured per in-round depth (``depth=j``) and absolute position over a tree
-scenario (:func:`specverify.verifier.tree.measure.measure_tree_divergence`); a decoder per
+scenario (:func:`specverify.measure.tree.measure_tree_divergence`); a decoder per
 absolute position of continuations of one prompt against the target's exact conditionals
-(:func:`specverify.decoder.measure.measure_decoder_divergence`; the draft model's
+(:func:`specverify.measure.decoder.measure_decoder_divergence`; the draft model's
 conditionals are needed only for a declared law such as ``w p + (1 - w) q``).
 
 Prints per in-block and per absolute position the bias-corrected TV with its confidence
@@ -30,7 +30,7 @@ law, if any), 1 not conformant to the declared law, 2 bad usage or a broken impl
 
 ``--sweep KEY=V1,V2,...`` measures the factory once per value (``KEY=Vi`` added to the
 ``--verifier-option``-s; values are Python literals, ``None`` included) with
-:func:`specverify.verifier.sweep.sweep` and prints the trade-off table (TV with its
+:func:`specverify.measure.sweep.sweep` and prints the trade-off table (TV with its
 interval per position and per token, tokens per target pass, memory-bound speedup at
 ``--draft-cost``); ``--out DIR`` writes ``sweep.json``, ``sweep.md`` and ``sweep.html``
 (with the plot).  The declared law is each verifier's ``declared_law``, or
@@ -163,8 +163,8 @@ def _declared(args):
 
 def run_sweep(args) -> int:
     """``specverify measure --sweep``: one measurement per value; returns the exit status."""
+    from specverify.measure.sweep import DEFAULT_DRAFT_COST, sweep
     from specverify.report.sweep import write_sweep
-    from specverify.verifier.sweep import DEFAULT_DRAFT_COST, sweep
 
     try:
         key, values = parse_sweep(args.sweep)
@@ -277,11 +277,11 @@ def _token_list(text: str, argument: str) -> list[int]:
 
 
 def _measure_other(args):
-    """A tree verifier's or a decoder's :class:`~specverify.verifier.measure.MeasureResult`."""
+    """A tree verifier's or a decoder's :class:`~specverify.measure.chain.MeasureResult`."""
     from specverify.cli.audit import build, build_verifier
 
     if args.tree_verifier:
-        from specverify.verifier.tree.measure import measure_tree_divergence
+        from specverify.measure.tree import measure_tree_divergence
 
         if args.declared_law:
             raise InvalidArgument("--declared-law applies to chain verifiers and decoders, not to --tree-verifier")
@@ -290,7 +290,7 @@ def _measure_other(args):
         return measure_tree_divergence(
             verify_tree, scenario=args.scenario, tier=args.tier, seed=args.seed, level=args.level
         )
-    from specverify.decoder.measure import measure_decoder_divergence
+    from specverify.measure.decoder import measure_decoder_divergence
 
     if not args.target:
         raise InvalidArgument("--decoder needs --target PKG.MOD:NAME (the exact conditionals)")
@@ -310,7 +310,7 @@ def _measure_other(args):
 
 
 def _measure_verifier(args):
-    from specverify.verifier.measure import measure_divergence
+    from specverify.measure.chain import measure_divergence
 
     verify = build_verify(args.verifier, parse_options(args.verifier_option, argument="--verifier-option"))
     declared = getattr(verify, "declared_law", None)

@@ -378,7 +378,7 @@ class Report:
         return cls.from_dict(json.loads(text))
 
     def summary(self) -> str:
-        """A one-screen text summary."""
+        """A one-screen text summary (kind-specific sections: :func:`specverify.report.terminal_summary`)."""
         untested = " (the implementation could not be tested)" if self.verdict == ERROR else ""
         tests = [r for r in self.results if not is_error_record(r)]
         lines = [
@@ -407,10 +407,6 @@ class Report:
                 f"  detectable binned TV at power 0.9: median {tvs[len(tvs) // 2]:.3g}, best {tvs[0]:.3g}, "
                 f"worst {tvs[-1]:.3g} over {len(tvs)} tests ({n:,} tokens in goodness-of-fit strata)"
             )
-        if isinstance(self.extra, Mapping) and "efficiency" in self.extra:
-            from specverify.report.drafter import terminal_lines  # the efficiency answer of a drafter audit
-
-            lines += terminal_lines(self)
         return "\n".join(lines)
 
 

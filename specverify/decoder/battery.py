@@ -53,7 +53,7 @@ from specverify.core.validation import check_int, check_run_options
 from specverify.shard.collect import Parallel, TaskUnits, collect_runs
 from specverify.shard.work import Job
 
-from .exact import ExactPlan, analyse_exact
+from .conditionals import ExactPlan, analyse_exact
 from .protocol import (
     ProgressTicker,
     TargetOn,
@@ -288,16 +288,13 @@ def check_decoder(
         ticker = ProgressTicker(progress, [(r["name"], _STAGES) for r in records])
         task = PromptTask(run, tuple(prompt_list), tuple(records), ticker)
         ticker.begin()
-        outputs = [task(i)[0] for i in range(len(prompt_list))]
+        outputs = [task(i) for i in range(len(prompt_list))]
         ticker.finish()
         sharding = None
     else:  # one unit per prompt: every prompt's seeds derive from (seed, prompt index); progress in prompts
         task = PromptTask(run, tuple(prompt_list), tuple(records))
-        collected = collect_runs(
-            Job("task", task, tier, seed), [TaskUnits("prompts", len(prompt_list))],
-            tier=tier, parallel=parallel, progress=progress,
-        )  # fmt: skip
-        outputs, sharding = [output for output, _ in collected.runs["prompts"]], collected.record
+        collected = collect_runs(Job(task), [task.scenario("prompts")], tier=tier, parallel=parallel, progress=progress)
+        outputs, sharding = collected.runs["prompts"], collected.record
     for (res, failure, scenario, summary, secs), record in zip(outputs, records):
         results += res
         errors += [failure] if failure else []
@@ -410,13 +407,34 @@ def _scenario_record(run: _Run, name: str, prompt: torch.Tensor, V, k, seeds: di
 
 @dataclass(frozen=True)
 class PromptTask:
-    """One prompt's whole check, runnable in any process: ``task(i) -> ((results, error, scenario, summary,
-    seconds), None)`` (the shard runner's task form; an implementation error is in the output, a finding)."""
+    """One prompt's whole check, runnable in any process: ``task(i) -> (results, error, scenario, summary,
+    seconds)`` (an implementation error is in the output: a finding).
+
+    Also the runner of a sharded decoder battery (:class:`specverify.shard.work.Job`): its one
+    scenario, ``"prompts"``, has a group per prompt, and a merge is the list of their outputs.
+    """
 
     run: _Run
     prompts: tuple
     records: tuple
     tick: Any = None
+    device = None  # the decoder's own device handling (generate_on) applies inside each prompt
+
+    @property
+    def implementation(self):
+        return self.run.generate
+
+    def scenario(self, name: str) -> TaskUnits:
+        return TaskUnits(name, len(self.prompts))
+
+    def setup(self, scenario) -> None:
+        return None
+
+    def run_group(self, scenario, state, group: int):
+        return self(group)
+
+    def merge(self, outputs) -> list:
+        return list(outputs)
 
     def __call__(self, i: int):
         t0 = time.perf_counter()
@@ -428,7 +446,7 @@ class PromptTask:
         except ImplementationError as exc:
             results, error = [_protocol_result(name, str(exc), scenario["n"])], f"{name}: {exc}"
             tick(name, finished=True)
-        return (results, error, scenario, summary, time.perf_counter() - t0), None
+        return results, error, scenario, summary, time.perf_counter() - t0
 
 
 def _check_prompt(run: _Run, scenario: dict, prompt: torch.Tensor, summary: dict, tick) -> list[TestResult]:

@@ -26,7 +26,7 @@ import torch
 from specverify import stats
 from specverify.core.results import TestResult
 
-from .exact import ExactPlan, prefix_ids
+from .conditionals import ExactPlan, prefix_ids
 
 __all__ = ["analyse_two_sample", "MAX_PAIR_CATEGORIES"]
 

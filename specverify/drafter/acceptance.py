@@ -18,7 +18,7 @@ through :class:`~specverify.decoder.pipeline.ProtocolDecoder` with the audited v
 * mean accepted length with a normal interval, tokens per target pass, target passes
   per emitted token, the accepted-length histogram and its exact expectation given the
   drafts (``prod_{i<j} r_i (1 - r_j)``, ``r = min(1, p(x)/q(x))``, averaged over rounds);
-* the speedup model of :mod:`specverify.drafter.costmodel` (``best_draft_length``) with the
+* the speedup model of :mod:`specverify.measure.costmodel` (``best_draft_length``) with the
   observed per-position rates (positions past the audited K assume the last rate) for
   the given drafter cost c or a few typical ones, and the memory-bound latency per
   token for a model of ``model_params`` parameters.
@@ -37,7 +37,7 @@ from scipy import stats as _st
 from specverify import stats
 from specverify.core.results import TestResult
 from specverify.decoder.pipeline import PipelineStats
-from specverify.drafter import costmodel
+from specverify.measure import costmodel
 
 __all__ = [
     "clopper_pearson",

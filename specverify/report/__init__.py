@@ -83,5 +83,6 @@ from __future__ import annotations
 from specverify.report.html import render_html
 from specverify.report.io import load_report, write_report
 from specverify.report.markdown import render_markdown
+from specverify.report.terminal import terminal_summary
 
-__all__ = ["write_report", "render_markdown", "render_html", "load_report"]
+__all__ = ["write_report", "render_markdown", "render_html", "load_report", "terminal_summary"]

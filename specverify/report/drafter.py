@@ -454,7 +454,7 @@ def summary_items(eff: Efficiency) -> list[str]:
 
 
 def terminal_lines(report: Report) -> list[str]:
-    """The efficiency answer for the terminal summary of a drafter audit (:meth:`Report.summary`).
+    """The efficiency answer for the terminal summary of a drafter audit (:func:`specverify.report.terminal_summary`).
 
     Empty unless the report holds ``extra["efficiency"]``.  One line for what was measured at
     the audited K (tokens per target pass against its exact expectation, and the modelled

@@ -1,14 +1,14 @@
-"""Rendering a knob sweep (:class:`specverify.verifier.sweep.SweepResult`): Markdown, HTML, plot.
+"""Rendering a knob sweep (:class:`specverify.measure.sweep.SweepResult`): Markdown, HTML, plot.
 
 Both reports answer first: the verdict line
-(:meth:`~specverify.verifier.sweep.SweepResult.verdict_line`: conformance to the declared law
+(:meth:`~specverify.measure.sweep.SweepResult.verdict_line`: conformance to the declared law
 at every setting, the SUSPICIOUS and failing ones named, then the two ends of the
 trade-off), then the trade-off table -- one row per knob value with the columns a reader
 asked for first (conformance, modelled speedup, tokens per target pass, mean TV per token,
 its interval, the declared law's TV) -- then the plot, the TV per in-block and per absolute
 position, and how to read the numbers.  A TV estimate outside its own interval is marked
 (``*`` below 0, ``^`` below the lower bound) and the mark explained under the table
-(:func:`specverify.verifier.measure.estimate_notes`).
+(:func:`specverify.measure.chain.estimate_notes`).
 
 The plot has two panels: the mean TV per emitted token with its simultaneous band against
 the memory-bound speedup of the cost model, one point per knob value coloured by its
@@ -31,9 +31,9 @@ import re
 from pathlib import Path
 
 from specverify.core.errors import InvalidArgument
+from specverify.measure.chain import estimate_mark, estimate_notes
 from specverify.report.html import CSS, esc, table
 from specverify.report.io import atomic_write_text, check_out_dir
-from specverify.verifier.measure import estimate_mark, estimate_notes
 
 __all__ = ["render_sweep_markdown", "render_sweep_html", "render_sweep_plot", "write_sweep", "SWEEP_FILENAMES"]
 
@@ -45,10 +45,10 @@ _CSS = CSS + ".ci{color:#57606a;font-size:12px;white-space:nowrap}\n"
 
 
 def _check(result):
-    from specverify.verifier.sweep import SweepResult
+    from specverify.measure.sweep import SweepResult
 
     if not isinstance(result, SweepResult):
-        raise InvalidArgument(f"result must be a specverify.verifier.sweep.SweepResult, got {type(result).__name__}")
+        raise InvalidArgument(f"result must be a specverify.measure.sweep.SweepResult, got {type(result).__name__}")
     return result
 
 

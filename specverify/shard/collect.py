@@ -1,20 +1,18 @@
-"""Collect a battery's harness runs through the shard plan, on any backend, and merge them.
+"""Collect a battery's group outputs through the shard plan, on any backend, and merge them.
 
-:func:`collect_runs` is what :func:`specverify.check_verifier` and
-:func:`specverify.check_tree_verifier` call for the sampling battery: plan the groups of the
-chosen scenarios into shards (:func:`~specverify.shard.plan.plan_shards`), run the shards
-(:func:`~specverify.shard.backends.execute`), and merge each scenario's groups in group
-order (:func:`~specverify.shard.work.merge_runs`).  The batteries then analyse and grade the
-merged runs exactly as before, once.
+:func:`collect_runs` plans the groups of the given scenarios into shards
+(:func:`~specverify.shard.plan.plan_shards`), runs the shards
+(:func:`~specverify.shard.backends.execute`) and merges each scenario's groups in group
+order with the job's runner (:mod:`specverify.shard.work`); the battery then analyses and
+grades the merged outputs once.  :class:`Parallel` holds the options of how.
 
-``stop`` (the anytime rule of ``until_decisive``) sees shard outputs in *plan order* -- an
+``stop`` (e.g. an anytime stopping rule) sees shard outputs in *plan order* -- an
 out-of-order arrival waits for the shards before it -- so the data it has seen when it stops
 form a prefix of a sequence fixed before the run, whatever the timing.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,24 +22,9 @@ from specverify.core.progress import ProgressTracker, scenario_plan
 from specverify.core.validation import check_int
 from specverify.shard.backends import check_backend, default_parallelism, execute
 from specverify.shard.plan import plan_shards
-from specverify.shard.work import (
-    Analysed,
-    GroupOutput,
-    Job,
-    ShardOutput,
-    merge_outputs,
-    registered_scenario,
-)
+from specverify.shard.work import Analysed, GroupOutput, Job, ShardOutput, merge_outputs
 
-__all__ = [
-    "BatteryOutcome",
-    "Collected",
-    "TaskUnits",
-    "Parallel",
-    "collect_runs",
-    "run_battery",
-    "DEFAULT_SHARDS_PER_WORKER",
-]
+__all__ = ["Collected", "TaskUnits", "Parallel", "collect_runs", "DEFAULT_SHARDS_PER_WORKER"]
 
 #: Shards per worker when the plan is not given (small shards balance load and make a lost worker cheap).
 DEFAULT_SHARDS_PER_WORKER = 4
@@ -51,7 +34,7 @@ MAX_ANYTIME_SHARDS = 4096
 
 @dataclass(frozen=True)
 class TaskUnits:
-    """A scenario-like record for ``Job(kind="task")``: ``groups`` units of equal cost."""
+    """A scenario-like record of ``groups`` units of equal cost (e.g. a decoder battery's prompts)."""
 
     name: str
     groups: int
@@ -143,10 +126,6 @@ def collect_runs(
     else:
         backend, workers = given_backend, given_workers
     ray_address = parallel.ray_address
-    if job.kind != "task":  # the workers run these very scenarios, not the registry's namesakes
-        own = tuple(s for s in scenarios if not _registered(job.kind, s))
-        if own:
-            job = dataclasses.replace(job, scenarios=own)
     num_shards = parallel.shards
     if num_shards is None and stop is not None:  # check the stopping rule often: a shard per group (capped)
         num_shards = min(MAX_ANYTIME_SHARDS, sum(s.num_groups(tier) for s in scenarios))
@@ -202,10 +181,8 @@ def collect_runs(
         out.cpu_seconds[name] = sum(g.cpu_seconds for g in outputs)
         if isinstance(outputs[0].run, Analysed):  # the worker held the whole scenario and analysed it
             out.analysed[name] = outputs[0].run
-        elif job.kind == "task":  # every group's (output, error) as it is: the caller reads them
-            out.runs[name] = [(g.run, g.error) for g in outputs]
         else:
-            out.runs[name], error = merge_outputs(job.kind, outputs)
+            out.runs[name], error = merge_outputs(job.runner, outputs)
             if error is not None:
                 out.errors[name] = error
     out.record = {
@@ -219,75 +196,3 @@ def collect_runs(
         "ray_address": ray_address if backend == "ray" else None,
     }
     return out
-
-
-def _registered(kind: str, scenario) -> bool:
-    """Whether ``scenario`` is the registry's scenario of its name (a worker may look it up by name)."""
-    try:
-        return registered_scenario(kind, scenario.name) == scenario
-    except InvalidArgument:
-        return False
-
-
-@dataclass
-class BatteryOutcome:
-    """What a sharded sampling battery produced: graded results, errors, timings and its record."""
-
-    results: list
-    errors: list
-    timings: dict
-    cpu_seconds: dict
-    extra: dict
-    summaries: dict = field(default_factory=dict)
-
-
-def run_battery(job: Job, scenarios: Sequence, *, tier: str, alpha: float, parallel: Parallel, progress, analyse):
-    """Collect, analyse each scenario once, grade once.
-
-    ``analyse(scenario, merged run or None, error) -> (results, errors, summary)`` must be
-    picklable (a module-level function or a ``functools.partial`` of one): a worker holding a
-    whole scenario runs it there and returns only the results (no per-token records to ship);
-    the driver runs it on the scenarios that were split across shards.  Same function, same
-    merged run, same results.
-
-    With ``parallel.until_decisive`` the anytime e-processes of :mod:`specverify.shard.anytime`
-    get ``alpha * SHARE``; a decisive stop grades only them (and the protocol results of the
-    scenarios finished), otherwise the battery is graded at ``alpha * (1 - SHARE)``.
-    """
-    from specverify import stats
-    from specverify.shard.anytime import SHARE, AnytimeStop
-
-    if not scenarios:  # e.g. every chosen tree scenario skipped
-        return BatteryOutcome([], [], {}, {}, {})
-    stopper = AnytimeStop(scenarios, alpha=alpha, tree=job.kind == "tree_verifier") if parallel.until_decisive else None
-    if stopper is None:  # the stopping rule needs the records of every group
-        job = dataclasses.replace(job, analyse=analyse)
-    collected = collect_runs(job, scenarios, tier=tier, parallel=parallel, progress=progress, stop=stopper)
-    results: list = []
-    errors: list = []
-    summaries: dict = {}
-    for scenario in scenarios:
-        if scenario.name in collected.analysed:
-            done = collected.analysed[scenario.name]
-            res, errs, summaries[scenario.name] = list(done.results), list(done.errors), done.summary
-        elif scenario.name in collected.runs:
-            run, error = collected.runs[scenario.name], collected.errors.get(scenario.name)
-            res, errs, summaries[scenario.name] = analyse(scenario, run, error)
-        else:
-            continue  # not finished: the run stopped early
-        if stopper is not None and stopper.decisive is not None:
-            res = [r for r in res if r.family == "protocol"]  # fixed-N tests are not valid at a data-dependent N
-        results += res
-        errors += errs
-    extra: dict = {}
-    if stopper is None:
-        graded = list(stats.grade(results, alpha=alpha))
-    else:
-        graded = list(stats.grade(results, alpha=alpha * (1 - SHARE))) if results else []
-        graded += stats.grade(stopper.results(), alpha=alpha * SHARE)
-        planned = sum(s.num_groups(tier) * s.batch_size * s.length for s in scenarios)
-        extra["anytime"] = stopper.record(planned)
-    if not parallel.default or collected.record.get("backend") != "inline":  # asked for, or chosen by default
-        extra["sharding"] = collected.record
-    timings = {**collected.seconds}
-    return BatteryOutcome(list(graded), errors, timings, collected.cpu_seconds, extra, summaries)

@@ -26,12 +26,13 @@ __all__ = ["WorkItem", "Shard", "plan_shards"]
 
 @dataclass(frozen=True)
 class WorkItem:
-    """Groups ``start .. stop - 1`` of one scenario."""
+    """Groups ``start .. stop - 1`` of one scenario, which has ``total`` groups in all."""
 
     scenario: str
     start: int
     stop: int
     cost: float
+    total: int
 
     @property
     def groups(self) -> range:
@@ -69,10 +70,12 @@ def plan_shards(scenarios, num_shards: int) -> tuple[Shard, ...]:
     """
     num_shards = check_int("num_shards", num_shards, minimum=1)
     units: list[tuple[str, int, float]] = []
+    totals: dict[str, int] = {}
     for name, groups, cost in scenarios:
         if check_int("num_groups", groups, minimum=1) and not cost > 0:
             raise InvalidArgument(f"cost of a group of {name!r} must be > 0, got {cost!r}")
         units += [(name, g, float(cost)) for g in range(groups)]
+        totals[name] = groups
     if not units:
         raise InvalidArgument("nothing to shard: no scenario")
     num_shards = min(num_shards, len(units))
@@ -86,16 +89,16 @@ def plan_shards(scenarios, num_shards: int) -> tuple[Shard, ...]:
             s += 1
         shards[s].append(unit)
         done += unit[2]
-    return tuple(Shard(i, _items(units)) for i, units in enumerate(shards))
+    return tuple(Shard(i, _items(units, totals)) for i, units in enumerate(shards))
 
 
-def _items(units) -> tuple[WorkItem, ...]:
+def _items(units, totals: dict[str, int]) -> tuple[WorkItem, ...]:
     """Consecutive groups of one scenario as one item."""
     items: list[WorkItem] = []
     for name, g, cost in units:
         last = items[-1] if items else None
         if last is not None and last.scenario == name and last.stop == g:
-            items[-1] = WorkItem(name, last.start, g + 1, last.cost + cost)
+            items[-1] = WorkItem(name, last.start, g + 1, last.cost + cost, totals[name])
         else:
-            items.append(WorkItem(name, g, g + 1, cost))
+            items.append(WorkItem(name, g, g + 1, cost, totals[name]))
     return tuple(items)

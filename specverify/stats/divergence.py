@@ -3,7 +3,7 @@
 Samples ``x_1..x_n`` with contexts ``c_1..c_n`` are compared with exact rows
 ``P_c = probs[c]`` (float64).  Given the contexts the tokens must be independent,
 ``x_j ~ Q_{c_j}`` (one token per independent row, e.g. one position of many
-sequences; :mod:`specverify.verifier.measure` selects them so).  The estimand is the
+sequences; :mod:`specverify.measure.chain` selects them so).  The estimand is the
 context-weighted total variation ``T = sum_c (n_c / n) TV(Q_c, P_c)`` with the observed
 context counts ``n_c`` (plain ``TV(Q, P)`` with one context).
 

@@ -49,9 +49,10 @@ from specverify.core.results import Report, TestResult, protocol_result
 from specverify.core.seeds import scenario_seed
 from specverify.core.tables import TableModel
 from specverify.core.validation import check_alpha, check_int, check_run_options
-from specverify.shard.collect import Parallel, collect_runs, run_battery
+from specverify.shard.collect import Parallel, collect_runs
 from specverify.shard.work import Job
 from specverify.verifier.harness import HarnessRun, run_harness
+from specverify.verifier.runs import ChainRunner, run_battery
 from specverify.verifier.scenarios import TIERS, Scenario, get_scenarios
 
 __all__ = [
@@ -250,7 +251,8 @@ def run_scenario(verify, scenario: Scenario, *, tier: str, seed: int, alpha: flo
     (:mod:`specverify.shard`), so this is the scenario's part of :func:`check_verifier`.
     """
     start = time.perf_counter()
-    collected = collect_runs(Job("verifier", verify, tier, seed, device, dtype), [scenario], tier=tier)
+    runner = ChainRunner(verify, seed, (scenario,), device, dtype)
+    collected = collect_runs(Job(runner), [scenario], tier=tier)
     run, error = collected.runs.get(scenario.name), collected.errors.get(scenario.name)
     results, errors, _ = analyse_scenario(scenario, run, error, alpha=alpha, seed=seed)
     return results, errors, time.perf_counter() - start
@@ -380,7 +382,7 @@ def check_verifier(
         one torch thread and larger tiers on one worker process per CPU this process may use
         (:func:`specverify.shard.backends.default_parallelism`, chosen from measurement).
     until_decisive : bool
-        Anytime stopping (:mod:`specverify.shard.anytime`): e-processes get 10% of alpha and
+        Anytime stopping (:mod:`specverify.verifier.anytime`): e-processes get 10% of alpha and
         the run stops at the first decisive one (``report.extra["anytime"]`` says how many
         samples it used); otherwise the battery is graded at 90% of alpha.
 
@@ -417,9 +419,14 @@ def check_verifier(
         graded = stats.grade(results, alpha=alpha)
     else:
         analyse = functools.partial(analyse_scenario, alpha=alpha, seed=seed)
-        job = Job("verifier", verify, tier, seed, dev, prob_dtype)
         outcome = run_battery(
-            job, chosen, tier=tier, alpha=alpha, parallel=parallel, progress=progress, analyse=analyse
+            ChainRunner(verify, seed, tuple(chosen), dev, prob_dtype),
+            chosen,
+            tier=tier,
+            alpha=alpha,
+            parallel=parallel,
+            progress=progress,
+            analyse=analyse,
         )
         graded, errors, timings, cpu, extra = (
             outcome.results,

@@ -3,7 +3,7 @@
 Engine-free tests (always run) check the adapter's validation and layout with a stand-in
 ``evaluate_posterior`` (Medusa's formula, written here), the reference walk
 (``reference.lossy.typical_tree_walk``) on hand-built trees, and the tree sweep
-(``specverify.verifier.sweep.sweep(kind="tree")``).  The tests marked ``needs_medusa`` drive
+(``specverify.measure.sweep.sweep(kind="tree")``).  The tests marked ``needs_medusa`` drive
 the real package (``pip install --no-deps medusa-llm``) and skip cleanly without it: the
 layout against ``generate_medusa_buffers``, exact agreement of the walk with the reference on
 random trees, the final token's law, Medusa's sparse-tree padding, and (slow) the CLI.
@@ -217,8 +217,8 @@ def test_raising_and_padding_overshoot_are_implementation_errors(monkeypatch):
 
 
 def test_tree_sweep_with_the_reference_rule():
+    from specverify.measure.sweep import sweep
     from specverify.report.sweep import render_sweep_markdown
-    from specverify.verifier.sweep import sweep
 
     def make(eps):
         return functools.partial(lossy.typical_tree_verify, eps=eps, delta=0.3, entropy_offset=OFFSET)

@@ -25,7 +25,7 @@ from reference.rules import verify as token_wise_verify
 from specverify.core.errors import InvalidArgument
 from specverify.core.sampling import sample
 from specverify.core.tables import PositionalCategorical, markov, positional
-from specverify.verifier.tree.exact import sequence_law
+from specverify.verifier.tree.laws import sequence_law
 
 ATOL = 1e-12
 ALPHA = 1e-6

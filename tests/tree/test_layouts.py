@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from reference.tree_rules import verify_tree
 from specverify.core.errors import InvalidArgument
 from specverify.protocols.tree import PAD, TreeBatch, check_tree_output, uniforms_in
-from specverify.verifier.tree.exact import conditional_round_law
+from specverify.verifier.tree.laws import conditional_round_law
 from specverify.verifier.tree.layouts import (
     eagle_candidates,
     from_eagle,

@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 from specverify.core.errors import InvalidArgument
 from specverify.core.tables import MarkovTable, markov, positional
 from specverify.protocols.tree import PAD
-from specverify.verifier.tree import exact
-from specverify.verifier.tree.rules import SPECINFER, SiblingRule
+from specverify.verifier.tree import laws
+from specverify.verifier.tree.sibling_rules import SPECINFER, SiblingRule
 
 ATOL = 1e-12
 
@@ -48,7 +48,7 @@ def fixed_tree(draw, parents, V, *, duplicates=True):
 @given(parents=tree_shapes(max_nodes=8), V=st.integers(1, 6), mode=st.sampled_from(["topk", "any"]), data=st.data())
 def test_fixed_tree_laws_are_the_target_for_topk_and_target_only(parents, V, mode, data):
     target, draft, tokens = fixed_tree(data.draw, parents, V)
-    law = exact.conditional_round_law(target[None], draft[None], tokens[None], parents[None], mode=mode)
+    law = laws.conditional_round_law(target[None], draft[None], tokens[None], parents[None], mode=mode)
     err = law.error()
     assert err <= ATOL, f"{mode}: max |next-token law - reach * p| = {err:.3g}, parents={parents.tolist()}"
     assert abs(float(law.stop.sum()) - 1.0) <= ATOL
@@ -64,7 +64,7 @@ def test_fixed_tree_iid_law_is_not_the_target():
     """For a fixed tree of tokens the i.i.d. rule is lossless only on average over the drafts."""
     target = torch.tensor([[0.5, 0.3, 0.2]] * 3, dtype=torch.float64)
     draft = torch.tensor([[0.2, 0.2, 0.6]] * 3, dtype=torch.float64)
-    law = exact.conditional_round_law(
+    law = laws.conditional_round_law(
         target[None], draft[None], torch.tensor([[2, 2]]), torch.tensor([[-1, -1]]), mode="iid"
     )
     assert law.error() > 0.1
@@ -76,9 +76,9 @@ def test_conditional_law_batched_matches_rows():
     target = torch.softmax(torch.randn(2, 5, 4, generator=gen, dtype=torch.float64), -1)
     draft = torch.softmax(torch.randn(2, 5, 4, generator=gen, dtype=torch.float64), -1)
     tokens = torch.randint(0, 4, (2, 4), generator=gen)
-    both = exact.conditional_round_law(target, draft, tokens, parents, mode="wor")
+    both = laws.conditional_round_law(target, draft, tokens, parents, mode="wor")
     for b in range(2):
-        one = exact.conditional_round_law(
+        one = laws.conditional_round_law(
             target[b : b + 1], draft[b : b + 1], tokens[b : b + 1], parents[b : b + 1], mode="wor"
         )
         assert torch.allclose(both.stop[b], one.stop[0], atol=0, rtol=0)
@@ -94,7 +94,7 @@ def test_iid_enumeration_equals_the_closed_form(pq, k):
     """i.i.d. drafts, SpecInfer: the residual does not depend on the rejected token, so
     P(child i = x, accepted) = prod_{j<i} beta_j min(q, r_i)(x) with beta_j = 1 - sum min(q, r_j)."""
     p, q = pq
-    accept, final = exact.node_law(p, q, k, drafting="iid")
+    accept, final = laws.node_law(p, q, k, drafting="iid")
     r, alive = p.clone(), 1.0
     for i in range(k):
         overlap = torch.minimum(q, r)
@@ -111,7 +111,7 @@ def test_iid_enumeration_equals_the_closed_form(pq, k):
 def test_node_laws_are_the_target(pq, k, drafting):
     p, q = pq
     for rule in (None, "sample_and_match"):
-        accept, final = exact.node_law(p, q, k, drafting=drafting, rule=rule)
+        accept, final = laws.node_law(p, q, k, drafting=drafting, rule=rule)
         err = float((accept.sum(0) + final - p).abs().max())
         assert err <= ATOL, f"drafting={drafting}, rule={rule}, k={k}: max |law - p| = {err:.3g}"
 
@@ -125,7 +125,7 @@ def test_node_laws_are_the_target(pq, k, drafting):
 )
 def test_round_laws_on_tables_are_the_target(parents, V, mode, data):
     target, drafter = data.draw(table_pairs(V))
-    law = exact.round_law(parents, target, drafter, mode=mode)
+    law = laws.round_law(parents, target, drafter, mode=mode)
     err = law.error()
     assert err <= ATOL, f"{mode}: max |next-token law - reach * p| = {err:.3g} over {law.reach.numel()} visits"
     assert abs(float(law.stop.sum()) - 1.0) <= ATOL
@@ -138,7 +138,7 @@ def test_round_law_positional_target_and_derived_quantities():
     drafter = markov(4, seed=4)
     parents = torch.tensor([-1, -1, 0, 0, 2, -2, 1])
     for mode in ("iid", "wor", "topk", "any"):
-        law = exact.round_law(parents, target, drafter, mode=mode)
+        law = laws.round_law(parents, target, drafter, mode=mode)
         assert law.error() <= ATOL
         lengths = law.accepted_length_law()  # (D+1,)
         assert lengths.shape == (4,) and abs(float(lengths.sum()) - 1) <= ATOL
@@ -159,8 +159,8 @@ def test_round_law_positional_target_and_derived_quantities():
 )
 def test_multi_round_law_is_the_target_sequence_law(parents, mode, data):
     target, drafter = data.draw(table_pairs(2))
-    law = exact.multi_round_law(parents, target, drafter, mode=mode, L=3)
-    err = float((law - exact.sequence_law(target, 3)).abs().max())
+    law = laws.multi_round_law(parents, target, drafter, mode=mode, L=3)
+    err = float((law - laws.sequence_law(target, 3)).abs().max())
     assert err <= ATOL, f"{mode}: max |multi-round law - target law| = {err:.3g}"
 
 
@@ -191,7 +191,7 @@ def test_wrong_rules_differ_from_the_target(rule, drafting, what):
         torch.tensor([[0.2, 0.5, 0.3], [0.5, 0.3, 0.2], [0.1, 0.1, 0.8]], dtype=torch.float64),
     )
     parents = torch.tensor([-1, -1, -1, 0, 0])
-    law = exact.round_law(parents, target, drafter, mode="iid", rule=rule, drafting=drafting)
+    law = laws.round_law(parents, target, drafter, mode="iid", rule=rule, drafting=drafting)
     tv = tv_at_worst_visit(law)
     assert tv > 1e-3, f"{what}: TV to the target only {tv:.3g}"
     assert abs(float(law.stop.sum()) - 1.0) <= ATOL  # still a law, just the wrong one
@@ -204,12 +204,12 @@ def test_rules_are_pluggable():
     lazy = SiblingRule("half_accept", half_accept, SPECINFER.reject)
     p = torch.tensor([0.7, 0.2, 0.1], dtype=torch.float64)
     q = torch.tensor([0.1, 0.2, 0.7], dtype=torch.float64)
-    accept, final = exact.node_law(p, q, 2, drafting="iid", rule=lazy)
+    accept, final = laws.node_law(p, q, 2, drafting="iid", rule=lazy)
     assert float((accept.sum(0) + final - p).abs().max()) > 1e-2
     with pytest.raises(InvalidArgument, match="q_view"):
         SiblingRule("bad", half_accept, SPECINFER.reject, q_view="sometimes")
     with pytest.raises(InvalidArgument, match="rule must be"):
-        exact.node_law(p, q, 2, drafting="iid", rule="no_such_rule")
+        laws.node_law(p, q, 2, drafting="iid", rule="no_such_rule")
 
 
 # --------------------------------------------------------------------------- limits and bad input
@@ -219,19 +219,19 @@ def test_size_limits_and_bad_input():
     p = normalise(torch.ones(64).numpy())
     q = normalise((torch.arange(64.0) + 1).numpy())
     with pytest.raises(InvalidArgument, match="MAX_NODE_STATES"):
-        exact.node_law(p, q, 4, drafting="wor")
-    exact.node_law(p, q, 8, drafting="iid")  # merged states: V per child
+        laws.node_law(p, q, 4, drafting="wor")
+    laws.node_law(p, q, 8, drafting="iid")  # merged states: V per child
     with pytest.raises(InvalidArgument, match="drafting must be one of"):
-        exact.node_law(p, p, 2, drafting="beam")
+        laws.node_law(p, p, 2, drafting="beam")
     target = markov(2, seed=0)
     with pytest.raises(InvalidArgument, match="too large"):
-        exact.sequence_law(target, 17)
+        laws.sequence_law(target, 17)
     with pytest.raises(InvalidArgument, match="tree shape of shape"):
-        exact.round_law(torch.tensor([[-1]]), target, target, mode="iid")
+        laws.round_law(torch.tensor([[-1]]), target, target, mode="iid")
     with pytest.raises(InvalidArgument, match="vocabularies differ"):
-        exact.round_law(torch.tensor([-1]), target, markov(3, seed=0), mode="iid")
+        laws.round_law(torch.tensor([-1]), target, markov(3, seed=0), mode="iid")
     with pytest.raises(InvalidArgument, match="parents\\[0, 0\\] is 0"):
-        exact.round_law(torch.tensor([0]), target, target, mode="iid")
+        laws.round_law(torch.tensor([0]), target, target, mode="iid")
 
 
 @settings(max_examples=20, deadline=None)
@@ -242,5 +242,5 @@ def test_rows_with_zeros_never_emit_zero_probability_tokens(V, data):
     parents = torch.tensor([[-1, -1, 0]])
     tokens = torch.tensor([[0, V - 1, 0]])
     for mode in ("iid", "wor", "topk", "any"):
-        law = exact.conditional_round_law(target[None], draft[None], tokens, parents, mode=mode)
+        law = laws.conditional_round_law(target[None], draft[None], tokens, parents, mode=mode)
         assert (law.stop[0][target == 0] == 0).all()

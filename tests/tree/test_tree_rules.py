@@ -1,7 +1,7 @@
 """reference.tree_rules: the batched rules' empirical (path end, final token) law matches the exact law.
 
 For fixed trees of tokens the joint law of (node where the walk stops, final token) under
-each rule is ``specverify.verifier.tree.exact.conditional_round_law``; a ragged batch of
+each rule is ``specverify.verifier.tree.laws.conditional_round_law``; a ragged batch of
 three trees (padding in different places) is verified many times and each tree's counts go
 through a chi-square with bins of expected count >= 20 at alpha 1e-6 (12 p-values per run:
 family-wise false alarms below 1.2e-5).  Any (node, token) pair of exact probability 0 that
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from reference.tree_rules import verify_tree
 from specverify.core.errors import InvalidArgument
 from specverify.protocols.tree import TreeBatch, check_tree_output
-from specverify.verifier.tree.exact import conditional_round_law
+from specverify.verifier.tree.laws import conditional_round_law
 
 ALPHA = 1e-6
 V = 4

@@ -26,7 +26,7 @@ from specverify import stats
 from specverify.core.results import Report
 from specverify.report import load_report, render_markdown, write_report
 from specverify.report.sweep import render_sweep_markdown, write_sweep
-from specverify.verifier.sweep import SweepResult
+from specverify.measure.sweep import SweepResult
 
 ROOT = Path(__file__).resolve().parents[2]
 

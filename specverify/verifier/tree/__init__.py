@@ -4,7 +4,7 @@
 kernels), ``layouts`` (converters to and from SGLang's ``retrive_*`` linked lists and
 EAGLE's ``retrieve_indices``), ``rules`` (sibling rules as the exact laws model them),
 ``exact`` (exact one-round and multi-round laws in float64) and ``law`` (their result
-type, :class:`~specverify.verifier.tree.law.TreeLaw`).  The reference rules live in
+type, :class:`~specverify.verifier.tree.treelaw.TreeLaw`).  The reference rules live in
 :mod:`reference.tree_rules`.  See issue 12.
 """
 

@@ -6,7 +6,7 @@ unchanged (:func:`specverify.verifier.battery.analyse_run`): support, goodness o
 absolute position, per in-round position (depth) and per context node, directed PIT and
 score tests, acceptance per depth against its exact value, within-batch collisions.  Added
 here: the law of the accepted depth per round, against its exact value
-(:func:`specverify.verifier.tree.exact.round_law`), in the most visited root contexts.
+(:func:`specverify.verifier.tree.laws.round_law`), in the most visited root contexts.
 Everything is graded once under one error budget (:func:`specverify.stats.grade_run`).
 
 The verifier is called with float32 rows through
@@ -31,12 +31,12 @@ from specverify.core.devices import check_device, check_prob_dtype, device_extra
 from specverify.core.errors import InvalidArgument
 from specverify.core.results import Report, TestResult, protocol_result
 from specverify.core.validation import check_run_options
-from specverify.shard.collect import Parallel, run_battery
-from specverify.shard.work import Job
+from specverify.shard.collect import Parallel
 from specverify.verifier.battery import analyse_run, callable_name, environment
+from specverify.verifier.runs import TreeRunner, run_battery
 from specverify.verifier.scenarios import TIERS
-from specverify.verifier.tree.exact import round_law
 from specverify.verifier.tree.harness import TreeHarnessRun
+from specverify.verifier.tree.laws import round_law
 from specverify.verifier.tree.scenarios import TreeScenario, get_tree_scenarios
 
 __all__ = ["check_tree_verifier", "check_verifier", "list_scenarios", "list_tree_scenarios"]
@@ -223,7 +223,7 @@ def check_tree_verifier(
     analyse = functools.partial(tree_scenario_results, alpha=alpha, seed=seed)
 
     outcome = run_battery(
-        Job("tree_verifier", verify_tree, tier, seed, dev, prob_dtype), runnable, tier=tier, alpha=alpha,
+        TreeRunner(verify_tree, seed, tuple(runnable), dev, prob_dtype), runnable, tier=tier, alpha=alpha,
         parallel=parallel, progress=progress, analyse=analyse,
     )  # fmt: skip
     graded, errors, timings = outcome.results, outcome.errors, outcome.timings

@@ -15,7 +15,7 @@ are per reached slot with children: success when the walk descends, with the exa
 probability of that event given the past -- ``sum_x p(x)`` over the slot's distinct child
 tokens for deterministic children (topk, any) and the probability averaged over the
 drafting of the children for i.i.d. / without-replacement children
-(:func:`~specverify.verifier.tree.exact.node_law`).  Per round it also records the accepted
+(:func:`~specverify.verifier.tree.laws.node_law`).  Per round it also records the accepted
 depth and the root contexts, for the accepted-length law.
 
 Verifiers see float32 rows, as real kernels do; the float64 tables are the exact law.
@@ -38,7 +38,7 @@ from specverify.protocols.tree import TreeBatch, call_tree_verifier, children_ta
 from specverify.verifier.harness import HarnessRun, collect_run
 from specverify.verifier.rounds import _Columns, _Group
 from specverify.verifier.tree.drafting import TreeDrafting, draft_trees
-from specverify.verifier.tree.exact import node_law
+from specverify.verifier.tree.laws import node_law
 
 __all__ = ["TreeHarnessRun", "run_tree_harness"]
 

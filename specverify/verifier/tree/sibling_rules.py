@@ -1,4 +1,4 @@
-"""Sibling-verification rules as the exact tree laws model them (pluggable, like core.exact's chain rules).
+"""Sibling-verification rules as the exact tree laws model them (pluggable, like core.chain_laws' chain rules).
 
 At one expanded tree node the target row is ``p``, the draft row ``q``; the children
 x_1..x_k are verified in order against a running state ``(r, q_view)``: ``r`` the
@@ -14,7 +14,7 @@ i was drawn from (starts at q).  A :class:`SiblingRule` says
   (normalised by the caller; mass 0 falls back to p).
 
 How the siblings were *drawn* is separate (the ``drafting`` of
-:func:`specverify.verifier.tree.exact.round_law`), so a rule can be paired with the wrong
+:func:`specverify.verifier.tree.laws.round_law`), so a rule can be paired with the wrong
 drafting: the without-replacement siblings verified with the i.i.d. rule of llama.cpp PR
 #5625's discussion is ``drafting="wor"`` with :data:`SPECINFER`.
 

@@ -1,7 +1,7 @@
 """Exact output laws of tree verification, in float64, by dynamic programming over the tree.
 
 The laws model the walk step by step -- at each reached node, siblings verified in order
-by a pluggable :class:`~specverify.verifier.tree.rules.SiblingRule`, descend into the
+by a pluggable :class:`~specverify.verifier.tree.sibling_rules.SiblingRule`, descend into the
 accepted child, else emit the final token -- so that equality with the target is a real
 check of the losslessness theorems (Miao et al. 2023; Jeon et al. 2024, arXiv 2402.14160;
 SafeAILab/EAGLE #171) and a wrong rule gives a measurably different law.
@@ -39,8 +39,8 @@ from specverify.core.errors import InvalidArgument
 from specverify.core.tables import TableModel
 from specverify.core.validation import check_int, check_probs
 from specverify.protocols.tree import PAD, check_parents, check_tree_inputs, children_table, node_depths
-from specverify.verifier.tree.law import TreeLaw
-from specverify.verifier.tree.rules import sibling_rule
+from specverify.verifier.tree.sibling_rules import sibling_rule
+from specverify.verifier.tree.treelaw import TreeLaw
 
 __all__ = [
     "TreeLaw",

@@ -2,7 +2,7 @@
 
 :func:`measure_tree_divergence` runs the tree harness
 (:func:`~specverify.verifier.tree.harness.run_tree_harness`) over a tree scenario and hands
-its chain-shaped run to :func:`specverify.verifier.measure.measure_run`: the strata are the
+its chain-shaped run to :func:`specverify.measure.chain.measure_run`: the strata are the
 in-round depths ``depth=j`` (the j-th token a round emits, first per row; j = D+1 is the
 final token after a fully accepted path) and the absolute positions ``abs=t``, each with the
 bias-corrected TV, its confidence interval, KL and the most over- and under-emitted tokens
@@ -13,7 +13,7 @@ taken at a stopping time of the row's own past.
 
 A declared law is not taken: the law a lossy tree rule claims for a depth depends on the
 whole drafted tree, not on one (target row, draft row) pair.  Chain-shaped lossy rules are
-checked for conformance with :func:`specverify.verifier.measure.measure_divergence`.
+checked for conformance with :func:`specverify.measure.chain.measure_divergence`.
 
 Shapes: R rows, L tokens per row, D maximum depth.
 """
@@ -25,7 +25,7 @@ import torch
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.seeds import scenario_seed
 from specverify.core.validation import check_int
-from specverify.verifier.measure import MeasureResult, measure_run
+from specverify.measure.chain import MeasureResult, measure_run
 from specverify.verifier.scenarios import TIERS
 from specverify.verifier.tree.harness import run_tree_harness
 from specverify.verifier.tree.scenarios import TreeScenario, get_tree_scenarios

@@ -1,8 +1,8 @@
 """The result type of the exact tree laws: :class:`TreeLaw` and the quantities derived from it.
 
-One entry per slot of a fixed tree (:func:`specverify.verifier.tree.exact.conditional_round_law`,
+One entry per slot of a fixed tree (:func:`specverify.verifier.tree.laws.conditional_round_law`,
 batched) or per (node, path tokens) visit of a round averaged over the drafts
-(:func:`specverify.verifier.tree.exact.round_law`).  Derived here: the lossless error, the
+(:func:`specverify.verifier.tree.laws.round_law`).  Derived here: the lossless error, the
 next-token law at every entry, the law of the accepted length, acceptance per depth, and
 the law of the emitted sequence -- what the tree battery compares its counts with.
 

@@ -1,13 +1,13 @@
 """Measure how far a whole (lossy) decoder's output is from the target, per absolute position.
 
-The decoder counterpart of :func:`specverify.verifier.measure.measure_divergence`: the
+The decoder counterpart of :func:`specverify.measure.chain.measure_divergence`: the
 decoder draws independent continuations of one prompt through the decoder protocol
 (:func:`specverify.decoder.protocol.call_generate`, validated), the target's (and the
 drafter's) exact teacher-forced conditionals come from
 :func:`specverify.decoder.protocol.target_conditionals`, and every absolute position is
 one stratum of :func:`specverify.stats.divergence.divergence` whose contexts are the
 distinct generated prefixes before it.  The result is a
-:class:`specverify.verifier.measure.MeasureResult` with ``by_position`` only.
+:class:`specverify.measure.chain.MeasureResult` with ``by_position`` only.
 
 Shapes: N samples, T prompt tokens, L new tokens, V vocabulary, C contexts.
 """
@@ -22,7 +22,7 @@ import torch
 from specverify.core.errors import InvalidArgument
 from specverify.core.results import TestResult
 from specverify.core.validation import check_int
-from specverify.decoder.exact import prefix_ids
+from specverify.decoder.conditionals import prefix_ids
 from specverify.decoder.protocol import (
     call_generate,
     generate_fn,
@@ -31,11 +31,11 @@ from specverify.decoder.protocol import (
     target_conditionals,
     vocab_size_of,
 )
+from specverify.measure.chain import MeasureResult, StratumDivergence
 from specverify.stats.budget import grade_run
 from specverify.stats.divergence import divergence
 from specverify.stats.gof import support_test
 from specverify.stats.sparse import gof_pair
-from specverify.verifier.measure import MeasureResult, StratumDivergence
 
 __all__ = ["measure_decoder_divergence"]
 

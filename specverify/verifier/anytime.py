@@ -38,7 +38,7 @@ METHOD = (
 
 
 class AnytimeStop:
-    """The ``stop`` rule of :func:`specverify.shard.collect.collect_runs` (see the module docstring).
+    """A ``stop`` rule of :func:`specverify.shard.collect.collect_runs` (see the module docstring).
 
     Parameters
     ----------

@@ -2,24 +2,24 @@
 
 :func:`sweep` measures one verifier per value of one knob (HF's ensemble weight,
 Medusa's typical ``posterior_threshold`` / ``posterior_alpha``, SGLang's thresholds)
-with :func:`specverify.verifier.measure.measure_divergence`, on one scenario with one
+with :func:`specverify.measure.chain.measure_divergence`, on one scenario with one
 seed, and records per value:
 
 * the bias-corrected TV with its confidence interval at every in-block position
   1..K+1 and every absolute position, and the mean TV per emitted token over the
   absolute positions with a simultaneous (Bonferroni) interval
-  (:class:`specverify.verifier.measure.OverallTV`);
+  (:class:`specverify.measure.chain.OverallTV`);
 * the declared law's exact TV and the conformance verdict, when the verifier declares
   its law (``verify.declared_law``, as the factories of ``reference.lossy`` and
   :mod:`specverify.adapters.medusa` provide) or ``declared_law(value)`` is given;
 * tokens per target pass (measured) and the memory-bound speedup of the cost model
-  (:func:`specverify.drafter.costmodel.speedup`: ``E[tokens per round] / (c K + 1)``
+  (:func:`specverify.measure.costmodel.speedup`: ``E[tokens per round] / (c K + 1)``
   with the measured acceptance rate per in-block position and a drafter pass costing
   ``c = draft_cost`` target passes).
 
 ``kind="tree"`` sweeps a tree verifier (``make_verify(value)`` returns a ``verify_tree``
 callable) over a tree scenario with
-:func:`specverify.verifier.tree.measure.measure_tree_divergence`: the in-round strata are the
+:func:`specverify.measure.tree.measure_tree_divergence`: the in-round strata are the
 depths ``depth=j``, K is the scenario's maximum depth (the cost model then charges one
 drafter pass per depth), and no declared law is taken.
 
@@ -41,9 +41,9 @@ from typing import Any
 from specverify.core.errors import InvalidArgument
 from specverify.core.results import _jsonable, from_jsonable
 from specverify.core.validation import check_int
-from specverify.drafter.costmodel import expected_tokens_per_round, speedup
-from specverify.verifier.measure import MeasureResult, estimate_mark, estimate_notes, measure_divergence
-from specverify.verifier.tree.measure import measure_tree_divergence
+from specverify.measure.chain import MeasureResult, estimate_mark, estimate_notes, measure_divergence
+from specverify.measure.costmodel import expected_tokens_per_round, speedup
+from specverify.measure.tree import measure_tree_divergence
 
 __all__ = ["SweepPoint", "SweepResult", "sweep", "DEFAULT_DRAFT_COST", "KINDS"]
 
@@ -229,16 +229,16 @@ def sweep(
     ----------
     make_verify : callable
         ``make_verify(value) -> verify``, a chain verifier (protocol of
-        :func:`specverify.verifier.measure.measure_divergence`), or with ``kind="tree"`` a
+        :func:`specverify.measure.chain.measure_divergence`), or with ``kind="tree"`` a
         tree verifier (:mod:`specverify.protocols.tree`).
     values : sequence
         Knob values in the order to report them (at least one).
     scenario : str or Scenario or TreeScenario, optional
-        Battery scenario (default :data:`specverify.verifier.measure.DEFAULT_SCENARIO`; with
+        Battery scenario (default :data:`specverify.measure.chain.DEFAULT_SCENARIO`; with
         ``kind="tree"`` a tree scenario, default
-        :data:`specverify.verifier.tree.measure.DEFAULT_TREE_SCENARIO`).
+        :data:`specverify.measure.tree.DEFAULT_TREE_SCENARIO`).
     tier, seed, level, alpha, batch_size, length
-        As in :func:`~specverify.verifier.measure.measure_divergence`; the same seed for every value.
+        As in :func:`~specverify.measure.chain.measure_divergence`; the same seed for every value.
     draft_cost : float, default :data:`DEFAULT_DRAFT_COST`
         One drafter pass in target passes, for the memory-bound speedup ``E[tokens] / (c K + 1)``.
     declared_law : callable, optional
