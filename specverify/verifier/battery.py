@@ -34,6 +34,7 @@ import functools
 import platform
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -416,7 +417,7 @@ def check_verifier(
             cpu[scenario.name] = time.process_time() - cpu_scenario
             tracker.group_done(scenario.name, 0)
         tracker.finish()
-        graded = stats.grade(results, alpha=alpha)
+        graded: Sequence[TestResult] = stats.grade(results, alpha=alpha)
     else:
         analyse = functools.partial(analyse_scenario, alpha=alpha, seed=seed)
         outcome = run_battery(
