@@ -19,8 +19,9 @@ from scipy import stats as sps
 from transformers import GenerationConfig
 
 import reference.rules as rules
-from specverify.adapters import hf, hf_kernel
-from specverify.adapters.hf_models import tiny_llama, tiny_llama_pair
+from specverify.adapters import hf
+from specverify.adapters.fixtures.llama import tiny_llama, tiny_llama_pair
+from specverify.adapters.hf import kernel as hf_kernel
 from specverify.core.errors import ImplementationError, InvalidArgument
 
 ALPHA = 1e-7

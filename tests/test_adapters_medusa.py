@@ -15,7 +15,7 @@ import torch
 from _medusa import medusa_formula
 
 from reference import lossy
-from specverify.adapters import medusa as adapter
+from specverify.adapters.medusa import chain as adapter
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.measure.chain import measure_divergence
 

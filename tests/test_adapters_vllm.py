@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from reference.rules import greedy_verify
-from specverify.adapters import vllm_layout as L
+from specverify.adapters.vllm import layout as L
 from specverify.core.errors import ImplementationError, InvalidArgument
 
 
@@ -120,10 +121,10 @@ def test_layout_argument_checks():
 
 def test_importing_the_adapter_does_not_import_vllm():
     code = (
-        "import sys, specverify.adapters.vllm, specverify.adapters.vllm_engine, specverify.adapters.vllm_reports; "
+        "import sys, specverify.adapters.vllm, specverify.adapters.vllm.engine, tools.reports.vllm_reports; "
         "assert 'vllm' not in sys.modules"
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
 
 
 @pytest.mark.parametrize(
@@ -164,7 +165,7 @@ def test_forward_option_checks_need_no_vllm(options, match):
 @pytest.fixture(scope="module")
 def vllm_adapter():
     pytest.importorskip("vllm")
-    from specverify.adapters import vllm as adapter
+    from specverify.adapters.vllm import kernel as adapter
 
     return adapter
 
@@ -265,21 +266,21 @@ def test_cpu_expand_batch_to_tokens_fills_float_output(vllm_adapter):
     ],
 )
 def test_engine_decoder_option_checks_need_no_vllm(options, match):
-    from specverify.adapters.vllm_engine import VllmDecoder
+    from specverify.adapters.vllm.engine import VllmDecoder
 
     with pytest.raises(InvalidArgument, match=match):
         VllmDecoder("/nonexistent", **options)
 
 
 def test_tiny_decoder_rejects_unknown_methods_before_writing_models():
-    from specverify.adapters.vllm_engine import tiny_decoder
+    from specverify.adapters.vllm.engine import tiny_decoder
 
     with pytest.raises(InvalidArgument, match="method must be one of"):
         tiny_decoder(method="eagle3")
 
 
 def test_eagle_decoder_speculative_config_needs_no_vllm():
-    from specverify.adapters.vllm_engine import VllmDecoder
+    from specverify.adapters.vllm.engine import VllmDecoder
 
     dec = VllmDecoder("/t", method="eagle", k=3, eagle_dir="/e", draft_dir="/d", draft_sample_method="greedy")
     assert dec._speculative_config() == dict(
@@ -304,8 +305,8 @@ def test_eagle_checkpoint_has_eagle1_keys_shapes_and_config(tmp_path, fc_bias):
     pytest.importorskip("transformers")  # the hf extra writes the checkpoints
     from safetensors.torch import load_file
 
-    from specverify.adapters.vllm_eagle import EAGLE_KEYS, save_tiny_eagle
-    from specverify.adapters.vllm_engine import save_tiny_models
+    from specverify.adapters.fixtures.eagle_head import EAGLE_KEYS, save_tiny_eagle
+    from specverify.adapters.fixtures.llama import save_tiny_models
 
     config, state = _read_eagle(save_tiny_eagle(tmp_path, seed=0, fc_bias=fc_bias))
     assert set(state) == set(EAGLE_KEYS) - ({"fc.bias"} if not fc_bias else set())
@@ -334,7 +335,7 @@ def test_eagle_checkpoint_has_eagle1_keys_shapes_and_config(tmp_path, fc_bias):
 
 def test_eagle_checkpoint_is_a_pure_function_of_the_seed(tmp_path):
     pytest.importorskip("transformers")  # the hf extra writes the checkpoints
-    from specverify.adapters.vllm_eagle import save_tiny_eagle
+    from specverify.adapters.fixtures.eagle_head import save_tiny_eagle
 
     a = _read_eagle(save_tiny_eagle(tmp_path / "a", seed=0))
     b = _read_eagle(save_tiny_eagle(tmp_path / "b", seed=0))
@@ -347,7 +348,7 @@ def test_eagle_checkpoint_is_a_pure_function_of_the_seed(tmp_path):
 
 
 def test_eagle_state_dict_argument_checks():
-    from specverify.adapters.vllm_eagle import eagle_config, eagle_state_dict
+    from specverify.adapters.fixtures.eagle_head import eagle_config, eagle_state_dict
 
     config = dict(vocab_size=4, hidden_size=8, intermediate_size=16, num_attention_heads=2)
     embed = torch.zeros(4, 8)
@@ -367,7 +368,7 @@ def test_eagle_checkpoint_loads_strictly_into_eagle_llm_model():
     cnets = pytest.importorskip("eagle.model.cnets")
     from transformers import LlamaConfig
 
-    from specverify.adapters.vllm_eagle import eagle_config, eagle_state_dict
+    from specverify.adapters.fixtures.eagle_head import eagle_config, eagle_state_dict
 
     base = dict(vocab_size=32, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=2)
     config = LlamaConfig(**eagle_config(base, fc_bias=True))
@@ -377,7 +378,7 @@ def test_eagle_checkpoint_loads_strictly_into_eagle_llm_model():
 
 
 def test_report_configs_are_well_formed():
-    from specverify.adapters.vllm_reports import CONFIGS
+    from tools.reports.vllm_reports import CONFIGS
 
     names = [c[0] for c in CONFIGS]
     assert len(names) == len(set(names))
@@ -389,7 +390,7 @@ def test_report_configs_are_well_formed():
 
 
 def test_report_evidence_picks_the_strongest_failure():
-    from specverify.adapters.reports import detectable, evidence
+    from tools.reports.common import detectable, evidence
 
     def result(grade, p, adj, stat, tv):
         return dict(grade=grade, family="gof", name="gof", scenario="s", position="abs=1", statistic=stat, pvalue=p,
@@ -414,7 +415,7 @@ def test_top_k_on_a_step_without_drafts(vllm_adapter):
 
 def test_eagle_decoder_generates_the_right_shape(tmp_path, monkeypatch):
     pytest.importorskip("vllm")
-    from specverify.adapters.vllm_engine import tiny_decoder
+    from specverify.adapters.vllm.engine import tiny_decoder
 
     monkeypatch.setenv("SPECVERIFY_CACHE", str(tmp_path))
     dec = tiny_decoder(method="eagle", k=2, draft_sample_method="greedy")

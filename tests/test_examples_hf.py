@@ -1,4 +1,4 @@
-"""The HF transformers audit example (specverify.cli.examples.hf): quick mode writes every file, verdicts are valid.
+"""The HF transformers audit example (tools.reports.hf_reports): quick mode writes every file, verdicts are valid.
 
 Skipped without transformers.  Quick mode runs the kernel battery on one scenario and two
 tiny decoder configurations (sampling with top-k, greedy), so the whole file takes ~20-30 s.
@@ -14,9 +14,9 @@ pytest.importorskip("transformers")
 
 from specverify.cli.audit import run_audit
 from specverify.cli.commands import parse_command
-from specverify.cli.examples import hf as example
 from specverify.core.errors import InvalidArgument
 from specverify.report import load_report
+from tools.reports import hf_reports as example
 
 VERDICTS = {"pass", "suspicious", "fail"}
 
@@ -51,7 +51,7 @@ def test_quick_run_writes_reports_readme_and_repros(quick_run):
     assert kinds[example.KERNEL_NAME] == "verifier" and kinds["greedy_k3"] == "decoder"
     greedy = dict(reports)["greedy_k3"]
     assert any(r.family == "greedy" for r in greedy.results)
-    assert greedy.implementation == "specverify.cli.examples.hf:tiny_greedy_assisted_decoder(k=3)"
+    assert greedy.implementation == "specverify.adapters.hf:tiny_greedy_assisted_decoder(k=3)"
     assert "--greedy" in greedy.command and "--num-samples 120 --max-new-tokens 3" in greedy.command
     kernel = dict(reports)[example.KERNEL_NAME]
     assert "--verifier specverify.adapters.hf:speculative_sampling_verifier --scenario pos2_least_likely_k2" in (

@@ -12,7 +12,7 @@ import torch
 
 import specverify as sv
 from reference.uniforms import chain_kernel
-from specverify.adapters import gpu_kernels
+from specverify.adapters import flashinfer, layouts, vllm
 from specverify.core.errors import ImplementationError
 
 SCENARIOS = ["pos8_uniform_k4", "markov8_temperature_k2"]
@@ -48,34 +48,34 @@ def _install(monkeypatch, fn):
 
 
 def test_importable_without_the_packages():
-    assert callable(gpu_kernels.flashinfer_chain) and callable(gpu_kernels.vllm_rejection_sample)
+    assert callable(flashinfer.flashinfer_chain) and callable(vllm.vllm_rejection_sample)
     if importlib.util.find_spec("flashinfer") is None:
         with pytest.raises(ImportError, match="flashinfer-python"):
-            gpu_kernels.flashinfer_chain_verifier()
+            flashinfer.flashinfer_chain_verifier()
 
 
 def test_a_package_that_fails_to_import_is_named_with_its_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "flashinfer", types.ModuleType("flashinfer"))
     monkeypatch.setitem(sys.modules, "flashinfer.sampling", None)  # installed, but its import fails
     with pytest.raises(ImportError, match=r"flashinfer-python\).*importing it failed with ModuleNotFoundError"):
-        gpu_kernels.flashinfer_chain_verifier()
+        flashinfer.flashinfer_chain_verifier()
     monkeypatch.setitem(sys.modules, "vllm", None)
     with pytest.raises(ImportError, match=r"pip install vllm\).*importing it failed with ModuleNotFoundError"):
-        gpu_kernels.vllm_rejection_sample_verifier()
+        vllm.vllm_rejection_sample_verifier()
 
 
 def test_from_padded():
     ids = torch.tensor([[3, -1, -1], [1, 2, 0], [5, 4, -1]], dtype=torch.int32)
-    tokens, n = gpu_kernels.from_padded((ids, None), 3, 2, "x")
+    tokens, n = layouts.from_padded((ids, None), 3, 2, "x")
     assert n.tolist() == [1, 3, 2] and tokens[0].tolist() == [3, 0, 0]
     with pytest.raises(ImplementationError, match="shape"):
-        gpu_kernels.from_padded(ids[:, :2], 3, 2, "x")
+        layouts.from_padded(ids[:, :2], 3, 2, "x")
 
 
 @pytest.mark.parametrize("fn, form", [(_old_signature, "uniforms"), (_new_signature, "seed_offset")])
 def test_flashinfer_adapter_forms_pass_the_battery(monkeypatch, fn, form):
     _install(monkeypatch, fn)
-    verify = gpu_kernels.flashinfer_chain_verifier()
+    verify = flashinfer.flashinfer_chain_verifier()
     assert verify.form == form
     report = sv.check_verifier(verify, tier="smoke", seed=0, scenarios=SCENARIOS)
     assert report.passed, report.errors
@@ -84,7 +84,7 @@ def test_flashinfer_adapter_forms_pass_the_battery(monkeypatch, fn, form):
 def test_flashinfer_unknown_signature(monkeypatch):
     _install(monkeypatch, lambda draft_probs, draft_token_ids, target_probs: None)
     with pytest.raises(ImplementationError, match="neither"):
-        gpu_kernels.flashinfer_chain_verifier()
+        flashinfer.flashinfer_chain_verifier()
 
 
 needs = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -94,7 +94,7 @@ needs = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA d
 @needs
 def test_flashinfer_on_cuda():
     pytest.importorskip("flashinfer")
-    report = sv.check_verifier(gpu_kernels.flashinfer_chain_verifier(), device="cuda:0", scenarios=SCENARIOS)
+    report = sv.check_verifier(flashinfer.flashinfer_chain_verifier(), device="cuda:0", scenarios=SCENARIOS)
     assert not report.errors, report.errors
 
 
@@ -102,5 +102,5 @@ def test_flashinfer_on_cuda():
 @needs
 def test_vllm_rejection_sample_on_cuda():
     pytest.importorskip("vllm")
-    report = sv.check_verifier(gpu_kernels.vllm_rejection_sample_verifier(), device="cuda:0", scenarios=SCENARIOS)
+    report = sv.check_verifier(vllm.vllm_rejection_sample_verifier(), device="cuda:0", scenarios=SCENARIOS)
     assert not report.errors, report.errors

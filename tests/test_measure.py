@@ -143,7 +143,7 @@ def test_harness_coverage_over_seeds():
 
 def _hf_kernel():
     pytest.importorskip("transformers")
-    hf_kernel = pytest.importorskip("specverify.adapters.hf_kernel")
+    hf_kernel = pytest.importorskip("specverify.adapters.hf.kernel")
     if hf_kernel.KERNEL_PROBLEM is not None or "assistant_ensemble_weight" not in hf_kernel.KERNEL_PARAMETERS:
         pytest.skip("this transformers' _speculative_sampling has no assistant_ensemble_weight")
     return hf_kernel
@@ -168,7 +168,7 @@ def test_hf_ensemble_control_intervals_contain_exact_tv():
 def test_hf_ensemble_control_cli(tmp_path):
     _hf_kernel()
     args = _parser().parse_args(
-        ["measure", "--verifier", "specverify.adapters.hf_kernel:SpeculativeSamplingVerifier",
+        ["measure", "--verifier", "specverify.adapters.hf.kernel:SpeculativeSamplingVerifier",
          "--verifier-option", "assistant_ensemble_weight=0.5",
          "--declared-law", "reference.lossy:ensemble_declared_law", "--declared-option", "weight=0.5",
          "--out", str(tmp_path)]

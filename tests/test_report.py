@@ -199,7 +199,9 @@ def test_failed_write_leaves_previous_files_intact(tmp_path, monkeypatch, failin
     if failing == "render":
         monkeypatch.setattr(report_io, "render_html", boom)
     else:
-        monkeypatch.setattr(report_io.os, failing.split(".")[1], boom)
+        from specverify.core import files
+
+        monkeypatch.setattr(files.os, failing.split(".")[1], boom)  # the atomic write's own os calls
     with pytest.raises(OSError, match="disk full"):
         write_report(make_report("fail", errors=("x",)), tmp_path, plots=False)
     monkeypatch.undo()

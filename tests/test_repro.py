@@ -118,7 +118,7 @@ def _engine_nondeterministic(folder: str) -> frozenset:
         return frozenset()
     import importlib
 
-    return frozenset(getattr(importlib.import_module(f"specverify.adapters.{module}"), "NONDETERMINISTIC", ()))
+    return frozenset(getattr(importlib.import_module(f"tools.reports.{module}"), "NONDETERMINISTIC", ()))
 
 
 # ----------------------------------------------------------------------------- CLI-written reports
@@ -243,7 +243,7 @@ def test_cli_recorded_command_reruns_to_the_same_report(tmp_path, capsys):
 
 def test_parse_command_rejects_what_the_cli_would_reject():
     with pytest.raises(InvalidArgument, match="must start with 'specverify'"):
-        parse_command("python -m specverify.cli.examples.hf --out x")
+        parse_command("python -m tools.reports.hf_reports --out x")
     with pytest.raises(InvalidArgument, match="rejected"):
         parse_command("specverify audit --tier huge")
     assert parse_command(shlex.join(["specverify", "audit", "--verifier", "a.b:c d"])).verifier == "a.b:c d"

@@ -29,8 +29,8 @@ from specverify import mutants
 from specverify.core.errors import InvalidArgument
 from specverify.mutants import CatalogueEntry
 from specverify.selftest.calibration import clopper_pearson
+from specverify.selftest.entry_scenarios import MUTANT_SCENARIOS, equivalent_scenarios, mutant_scenarios
 from specverify.selftest.lr_limit import bernoulli_lr_samples_needed, lr_samples_needed
-from specverify.selftest.plan import MUTANT_SCENARIOS, equivalent_scenarios, mutant_scenarios
 from specverify.selftest.render import MATRIX_COLUMNS, render_markdown, render_text
 from specverify.selftest.verifiers import scaled_scenario
 from specverify.verifier.scenarios import get_scenarios
@@ -125,7 +125,7 @@ def _ok_only(result):
 @pytest.mark.parametrize("which, code", [("as_is", 1), ("ok_only", 0)])
 def test_exit_status(small_result, monkeypatch, which, code):
     result = small_result if which == "as_is" else _ok_only(small_result)
-    monkeypatch.setattr(selftest, "run_selftest", lambda **kw: result)
+    monkeypatch.setattr(selftest.run, "run_selftest", lambda **kw: result)
     out = io.StringIO()
     assert selftest.main(tier="smoke", seed=0, as_json=False, matrix_path=None, stream=out) == code
     text = out.getvalue()
@@ -137,12 +137,12 @@ def test_exit_status(small_result, monkeypatch, which, code):
 def test_exit_status_when_only_a_variant_fails(small_result, monkeypatch):
     rows = tuple(r for r in small_result.rows if r["ok"] or r["name"] == "planted_lossy")
     result = dataclasses.replace(small_result, rows=rows)
-    monkeypatch.setattr(selftest, "run_selftest", lambda **kw: result)
+    monkeypatch.setattr(selftest.run, "run_selftest", lambda **kw: result)
     assert selftest.main(stream=io.StringIO()) == 1
 
 
 def test_json_output_parses(small_result, monkeypatch):
-    monkeypatch.setattr(selftest, "run_selftest", lambda **kw: small_result)
+    monkeypatch.setattr(selftest.run, "run_selftest", lambda **kw: small_result)
     out = io.StringIO()
     selftest.main(as_json=True, stream=out)
     data = json.loads(out.getvalue())
@@ -163,7 +163,7 @@ def test_markdown_matrix_has_the_columns(small_result, monkeypatch, tmp_path):
         for r in small_result.rows
     )
     result = dataclasses.replace(small_result, peers=peers)
-    monkeypatch.setattr(selftest, "run_selftest", lambda **kw: result)
+    monkeypatch.setattr(selftest.run, "run_selftest", lambda **kw: result)
     path = tmp_path / "matrix.md"
     selftest.main(matrix_path=str(path), stream=io.StringIO())
     text = path.read_text()

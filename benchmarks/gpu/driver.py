@@ -11,7 +11,7 @@ Sections (each timed, each skipped with a note when the time budget would be exc
    ``check_verifier(reference.rules.verify, device=...)`` at the smoke tier: verdict, wall time
    and detectable TV;
 4. ``kernels.json`` (+ ``kernel_<name>/report.{json,md}``) -- the FlashInfer and vLLM adapters of
-   ``specverify.adapters.gpu_kernels`` audited on the device when their packages import;
+   ``specverify.adapters.flashinfer`` audited on the device when their packages import;
 5. ``check_verifier_standard.json`` (+ ``check_verifier_standard/``) -- the same audit at the
    standard tier, run only when its time projected from the smoke run (x the tiers' sample
    ratio) fits in what is left of the budget;
@@ -215,12 +215,12 @@ def audit(verify, out: Path, device: torch.device, tier: str, scenarios) -> dict
 
 def kernels(out: Path, device: torch.device, tier: str, scenarios, dry_run: bool) -> dict:
     """Audit each GPU kernel adapter whose package imports (on CPU in a dry run: only the import probe)."""
-    from specverify.adapters import gpu_kernels
+    from specverify.adapters import flashinfer, vllm
 
     found = {}
     for name, build in (
-        ("flashinfer_chain", gpu_kernels.flashinfer_chain_verifier),
-        ("vllm_rejection_sample", gpu_kernels.vllm_rejection_sample_verifier),
+        ("flashinfer_chain", flashinfer.flashinfer_chain_verifier),
+        ("vllm_rejection_sample", vllm.vllm_rejection_sample_verifier),
     ):
         try:
             verify = build()

@@ -1,8 +1,8 @@
 """Acceptance counts of vLLM's EAGLE speculation on the tiny seeded target (the heads of the EAGLE reports).
 
 Builds ``LLM(..., speculative_config={"method": "eagle", ...}, disable_log_stats=False)`` on
-:func:`specverify.adapters.vllm_engine.save_tiny_models`' target with the head of
-:func:`specverify.adapters.vllm_eagle.save_tiny_eagle` (``expand_batch_to_tokens`` patched as in
+:func:`specverify.adapters.fixtures.llama.save_tiny_models`' target with the head of
+:func:`specverify.adapters.fixtures.eagle_head.save_tiny_eagle` (``expand_batch_to_tokens`` patched as in
 the ``patch_expand`` reports), generates 200 seeded samples of 8 tokens at temperature 1 from the
 reports' first prompt, and prints vLLM's own ``vllm:spec_decode_*`` counters.  One engine per
 process: ``python reports/vllm/eagle_acceptance.py {greedy|probabilistic} [fc_bias]``.
@@ -22,9 +22,9 @@ import torch
 from vllm import LLM, SamplingParams
 from vllm.v1.sample import rejection_sampler
 
-from specverify.adapters.vllm_eagle import save_tiny_eagle
-from specverify.adapters.vllm_engine import save_tiny_models
-from specverify.adapters.vllm_layout import expand_to_tokens
+from specverify.adapters.fixtures.eagle_head import save_tiny_eagle
+from specverify.adapters.fixtures.llama import save_tiny_models
+from specverify.adapters.vllm.layout import expand_to_tokens
 
 rejection_sampler.expand_batch_to_tokens = expand_to_tokens  # the patch_expand diagnostic
 method = sys.argv[1] if len(sys.argv) > 1 else "greedy"

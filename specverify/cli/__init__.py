@@ -1,17 +1,20 @@
 """How users run the suite: the ``specverify`` command line and the pytest plugin.
 
-``commands`` (argument parsing, ``audit`` / ``selftest`` / ``examples`` / ``demo``),
-``audit`` (building implementations from ``PKG.MOD:NAME`` specs and options, running an
-audit, the canonical command line each report records), ``plugin`` (the pytest11 plugin;
+``commands`` (argument parsing; ``audit``, ``measure``, ``selftest``, ``demo``), ``argtypes``
+(the parser's argument types: usage errors before any heavy import), ``audit`` (building
+implementations from ``PKG.MOD:NAME`` specs and options, running an audit, the canonical
+command line each report records), ``measure``, ``plugin`` (the pytest11 plugin;
 ``plugin_settings``, ``plugin_messages``), ``factories`` (built-in implementations by
-``PKG.MOD:NAME``), ``examples`` (the example-report generator), ``demo``.
+``PKG.MOD:NAME``), ``demo``.  ``main`` (the console script) is imported on first use, so the
+plugin loads without the command line.
 """
 
 from __future__ import annotations
 
+from specverify.core.lazy import lazy_getattr
 
-def main(argv=None) -> int:
-    """The ``specverify`` console script (see :mod:`specverify.cli.commands`)."""
-    from specverify.cli.commands import main as _main
+_LAZY = {"main": "specverify.cli.commands"}
 
-    return _main(argv)
+__all__ = list(_LAZY)
+
+__getattr__ = lazy_getattr("specverify.cli", _LAZY, globals())

@@ -9,7 +9,6 @@
     (factories take --ROLE-option KEY=VALUE; --debug shows tracebacks)
     specverify measure --verifier PKG.MOD:NAME [--verifier-option K=V] [--scenario NAME] [--level 0.95]
     specverify selftest [--tier smoke] [--json] [--matrix PATH]
-    specverify examples [--out reports]
     specverify demo
 
 Exit status of ``audit``: 0 pass (a "suspicious" verdict warns but passes), 1 fail (a test
@@ -245,7 +244,7 @@ def _add_audit(sub) -> None:
 
 
 def _add_others(sub) -> None:
-    """The ``selftest``, ``examples`` and ``demo`` subcommands."""
+    """The ``selftest`` and ``demo`` subcommands."""
     selftest = sub.add_parser("selftest", help="mutation score and calibration of the suite itself")
     selftest.add_argument("--tier", choices=TIERS, default="smoke")
     selftest.add_argument("--seed", type=nonnegative_int, default=0)
@@ -254,48 +253,7 @@ def _add_others(sub) -> None:
         "--matrix", metavar="PATH", help="also write the Markdown mutation matrix (with the peers' tests) to PATH"
     )
 
-    examples = sub.add_parser(
-        "examples",
-        help="regenerate the example reports (reports/ in the repository)",
-        description="Regenerate the example reports: the basic ones (through `specverify audit`), the Hugging "
-        "Face transformers audit in OUT/hf-transformers (batch-1 generation: the longest part; alone: "
-        "python -m specverify.cli.examples.hf --out OUT/hf-transformers) and the mutation matrix (selftest). "
-        "Measured times, with the machine and its load: benchmarks/README.md ('First hour'). Every report "
-        "records the `specverify audit` command that reproduces it.",
-    )
-    examples.add_argument("--out", default="reports", metavar="DIR")
-    examples.add_argument("--seed", type=nonnegative_int, default=0)
-    examples.add_argument("--tier", choices=TIERS, default="smoke")
-    examples.add_argument("--skip-hf", action="store_true", help="skip the Hugging Face transformers audit")
-    examples.add_argument("--skip-matrix", action="store_true", help="skip the mutation matrix (selftest + peers)")
-
     sub.add_parser("demo", help="run the canonical rule against an adversarial drafter and print the emitted law")
-
-
-def _run_examples(args) -> int:
-    from specverify.cli.examples.basic import generate_basic_reports
-
-    out = Path(args.out)
-    rows = generate_basic_reports(out, seed=args.seed, tier=args.tier)
-    status = EXIT_PASS
-    if not args.skip_hf:
-        try:
-            import transformers  # noqa: F401
-        except ImportError:
-            print("transformers is not installed: skipping the HF audit (pip install 'specverify[hf]')")
-        else:
-            from specverify.cli.examples.hf import generate_hf_reports
-
-            generate_hf_reports(out / "hf-transformers", seed=args.seed, tier=args.tier, progress=print)
-    if not args.skip_matrix:
-        from specverify.selftest import main as selftest_main
-
-        status = selftest_main(
-            tier=args.tier, seed=args.seed, as_json=False, matrix_path=str(out / "mutation-matrix.md")
-        )
-    expected = {name: report.verdict for name, _, report, _ in rows}
-    print("example verdicts: " + ", ".join(f"{k}={v}" for k, v in expected.items()))
-    return status
 
 
 def _run_audit(args) -> int:
@@ -372,8 +330,6 @@ def main(argv: list[str] | None = None) -> int:
             from specverify.selftest import main as selftest_main
 
             return selftest_main(tier=args.tier, seed=args.seed, as_json=args.json, matrix_path=args.matrix)
-        if args.command == "examples":
-            return _run_examples(args)
         if args.command == "demo":
             from specverify.cli.demo import main as demo_main
 

@@ -331,7 +331,7 @@ def _measure_verifier(args):
 
 def _report(args, measure) -> int:
     """Measure, print the table (or JSON), write ``--out``; the exit status."""
-    from specverify.report.io import atomic_write_text
+    from specverify.core.files import atomic_write_text
 
     try:
         result = measure(args)

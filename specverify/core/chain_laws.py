@@ -403,7 +403,7 @@ def markov_speculative_law(
     return total.reshape((V,) * L)
 
 
-# --------------------------------------------------------------------------- lossy rules (issue 13)
+# --------------------------------------------------------------------------- lossy rules
 
 
 def ensemble_rule(weight: float) -> VerificationRule:

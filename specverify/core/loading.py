@@ -11,19 +11,19 @@ from typing import Any
 
 from specverify.core.errors import InvalidArgument
 
-__all__ = ["load_object", "parse_options", "put_on_import_path", "MOVED_MODULES"]
+__all__ = ["load_object", "parse_options", "put_on_import_path", "moved_module", "MOVED_MODULES"]
 
-#: Modules renamed by the regrouping of the package (old name -> new name), named in the error
-#: of a spec that still uses the old one (reports and scripts written before it do).
-MOVED_MODULES = {
+#: Modules that moved (old name -> new name), named in the error of a spec that still uses the
+#: old one (reports and scripts written before the move do).
+MOVED_MODULES: dict[str, str | dict[str, str]] = {
     "specverify.plugin": "specverify.cli.plugin",
     "specverify.demo": "specverify.cli.demo",
-    "specverify.examples": "specverify.cli.examples",
-    "specverify.examples.basic": "specverify.cli.examples.basic",
-    "specverify.examples.hf": "specverify.cli.examples.hf",
     "specverify.examples.factories": "specverify.cli.factories",
+    "specverify.examples.hf": "specverify.adapters.hf",
+    "specverify.cli.examples.hf": "specverify.adapters.hf",
     "specverify.errors": "specverify.core.errors",
     "specverify.exact": "specverify.core.chain_laws",
+    "specverify.core.exact": "specverify.core.chain_laws",
     "specverify.loading": "specverify.core.loading",
     "specverify.results": "specverify.core.results",
     "specverify.models": "specverify.core.tables",
@@ -32,6 +32,7 @@ MOVED_MODULES = {
     "specverify.pipeline": "specverify.decoder.pipeline",
     "specverify.drafter_audit": "specverify.drafter",
     "specverify.efficiency": "specverify.measure.costmodel",
+    "specverify.drafter.costmodel": "specverify.measure.costmodel",
     "specverify.decoder_mutants": "specverify.mutants.decoder",
     "specverify.drafter_mutants": "specverify.mutants.drafter",
     "specverify.efficiency_limit": "specverify.selftest.lr_limit",
@@ -41,7 +42,37 @@ MOVED_MODULES = {
     "specverify.scenarios": "specverify.verifier.scenarios",
     "specverify.strategies": "specverify.verifier.strategies",
     "specverify.drafters": "specverify.verifier.zoo",
+    "reference.sampling": "specverify.core.sampling",
+    "specverify.verifier.protocol": "specverify.protocols.chain",
+    "specverify.verifier.tree.protocol": "specverify.protocols.tree",
+    "specverify.verifier.uniforms": "specverify.protocols.uniforms",
+    "specverify.verifier.measure": "specverify.measure.chain",
+    "specverify.verifier.tree.measure": "specverify.measure.tree",
+    "specverify.decoder.measure": "specverify.measure.decoder",
+    "specverify.verifier.sweep": "specverify.measure.sweep",
+    "specverify.verifier.tree.exact": "specverify.verifier.tree.laws",
+    "specverify.verifier.tree.layouts": "specverify.adapters.layouts",
+    "specverify.adapters.hf_kernel": "specverify.adapters.hf",
+    "specverify.adapters.hf_models": "specverify.adapters.fixtures.llama",
+    "specverify.adapters.vllm_engine": "specverify.adapters.vllm",
+    "specverify.adapters.vllm_eagle": "specverify.adapters.fixtures.eagle_head",
+    "specverify.adapters.vllm_layout": "specverify.adapters.vllm.layout",
+    "specverify.adapters.medusa_tree": "specverify.adapters.medusa",
+    "specverify.drafter.audit": "specverify.drafter.battery",
+    "specverify.shard.anytime": "specverify.verifier.anytime",
+    "specverify.adapters.gpu_kernels": {
+        "vllm_rejection_sample": "specverify.adapters.vllm",
+        "*": "specverify.adapters.flashinfer",
+    },
 }
+
+
+def moved_module(module_name: str, attr: str = "") -> str | None:
+    """Where ``module_name`` (and its attribute ``attr``) moved, or None."""
+    moved = MOVED_MODULES.get(module_name)
+    if isinstance(moved, dict):
+        return moved.get(attr.split(".")[0], moved.get("*"))
+    return moved
 
 
 def put_on_import_path(directory: str | os.PathLike | None = None) -> None:
@@ -82,7 +113,7 @@ def load_object(spec: str, *, argument: str = "spec") -> Any:
     try:
         obj = importlib.import_module(module_name)
     except ImportError as error:
-        moved = MOVED_MODULES.get(module_name)
+        moved = moved_module(module_name, attr_path)
         hint = f"; it is now {moved!r}: {moved}:{attr_path}" if moved else _not_found_hint(error, module_name)
         raise InvalidArgument(f"{argument}={spec!r}: cannot import module {module_name!r} ({error}){hint}") from error
     for part in attr_path.split("."):

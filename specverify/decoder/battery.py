@@ -35,7 +35,6 @@ References: Leviathan, Kalman & Matias (ICML 2023); Chen et al. (2023); ``docs/d
 from __future__ import annotations
 
 import dataclasses
-import platform
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +44,7 @@ import torch
 
 from specverify import stats
 from specverify.core.devices import check_device
+from specverify.core.environment import callable_name, environment
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.repro import python_repro
 from specverify.core.results import ERROR, Report, TestResult, protocol_result
@@ -61,7 +61,6 @@ from .protocol import (
     check_determinism,
     generate_fn,
     generate_on,
-    implementation_name,
     make_prompts,
     next_token_probs,
     normalise_prompts,
@@ -96,24 +95,6 @@ TIER_PLANS = {
                      min_node_visits=1000, greedy_samples=1024),
 }
 # fmt: on
-
-
-def _environment(decoder) -> dict:
-    import scipy
-
-    import specverify
-
-    device = getattr(decoder, "device", None)
-    return {
-        "specverify": specverify.__version__,
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-        "scipy": scipy.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "device": str(device) if device is not None else "cpu",
-        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-    }
 
 
 def _greedy_result(target, prompt: torch.Tensor, tokens: torch.Tensor, vocab_size: int, scenario: str) -> TestResult:
@@ -239,11 +220,11 @@ def check_decoder(
         )
     base: dict[str, Any] = dict(
         kind="decoder",
-        implementation=implementation_name(decoder),
+        implementation=callable_name(decoder),
         tier=tier,
         seed=seed,
         alpha=alpha,
-        environment=_environment(decoder),
+        environment=environment(getattr(decoder, "device", None) or "cpu"),
         command=python_repro(
             "specverify:check_decoder",
             {"decoder": decoder, "target": target},
@@ -310,7 +291,7 @@ def check_decoder(
     if dev.type != "cpu":
         extra["device"] = str(dev)
     if reference is not None:
-        extra["reference"] = implementation_name(reference)
+        extra["reference"] = callable_name(reference)
     return Report(
         verdict=verdict,
         results=graded,

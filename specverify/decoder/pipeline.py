@@ -262,7 +262,7 @@ class ProtocolDecoder:
         seed = check_int("seed", seed, minimum=0)
         K = self.k
         generator = torch.Generator().manual_seed(seed)
-        verify_gen = generator  # the CPU default: one stream, as before device support
+        verify_gen = generator  # on the CPU: one stream
         if self.device.type != "cpu":
             verify_gen = torch.Generator(device=self.device).manual_seed(seed ^ 0x5DEECE66D)
         T = prompt.numel()

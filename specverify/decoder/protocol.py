@@ -29,7 +29,6 @@ from specverify.core.validation import check_tokens
 __all__ = [
     "make_prompts",
     "normalise_prompts",
-    "implementation_name",
     "generate_fn",
     "call_generate",
     "check_determinism",
@@ -71,14 +70,6 @@ def normalise_prompts(prompts, vocab_size: int | None) -> list[torch.Tensor]:
             raise InvalidArgument(f"prompts[{i}] holds negative token ids: {tensor.tolist()}")
         out.append(tensor.long().cpu())
     return out
-
-
-def implementation_name(obj) -> str:
-    """``module:QualifiedName`` of an object's class (or of a function), for the report."""
-    if obj is None:
-        return "None"
-    kind = obj if callable(obj) and not hasattr(obj, "generate") and hasattr(obj, "__qualname__") else type(obj)
-    return f"{getattr(kind, '__module__', '?')}:{getattr(kind, '__qualname__', repr(kind))}"
 
 
 def generate_fn(decoder, role: str = "decoder"):

@@ -1,16 +1,16 @@
-"""Auditing a drafter: ``audit_drafter``, consistency, acceptance and the speedup cost model.
+"""Auditing a drafter: ``audit_drafter``, consistency, losslessness, acceptance and efficiency.
 
-``audit`` (``audit_drafter``: orchestration and grading), ``consistency`` (do the drafted
-tokens follow the q the drafter reports?), ``acceptance`` (acceptance per position
-against its exact value, tokens per target pass, best K), ``costmodel`` (the
-speedup / memory-bound latency model of Leviathan et al.).
+``battery`` (``audit_drafter``: orchestration and grading), ``consistency`` (do the drafted
+tokens follow the q the drafter reports?), ``acceptance`` (acceptance per position against its
+exact value, tokens per target pass, best K; the speedup model is
+:mod:`specverify.measure.costmodel`).
 """
 
 from __future__ import annotations
 
 from specverify.core.lazy import lazy_getattr
 
-_LAZY = {name: "specverify.drafter.audit" for name in ("audit_drafter", "AuditPlan", "AUDIT_PLANS", "DEFAULT_K")}
+_LAZY = {name: "specverify.drafter.battery" for name in ("audit_drafter", "AuditPlan", "AUDIT_PLANS", "DEFAULT_K")}
 
 __all__ = list(_LAZY)
 

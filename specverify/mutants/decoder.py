@@ -35,7 +35,7 @@ from reference.decoder import SpeculativeDecoder
 from reference.processors import SamplingConfig, logits_to_probs
 from specverify.core.errors import InvalidArgument
 from specverify.core.sampling import sample
-from specverify.mutants import CatalogueEntry
+from specverify.mutants.entry import CatalogueEntry
 
 __all__ = [
     "NoTargetRollback",

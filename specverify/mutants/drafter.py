@@ -44,7 +44,7 @@ from specverify.core.errors import InvalidArgument
 from specverify.core.sampling import sample
 from specverify.core.tables import TableModel
 from specverify.core.validation import check_generator, check_int, check_shape
-from specverify.mutants import CatalogueEntry
+from specverify.mutants.entry import CatalogueEntry
 from specverify.verifier import zoo
 
 __all__ = [

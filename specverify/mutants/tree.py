@@ -183,7 +183,7 @@ def coin_walk(*, threshold_single: float = 1.0, threshold_acc: float = 1.0, less
 
 def _entry(name, kind, kernel, description, provenance, needs="", requires=""):
     """A catalogue entry; ``requires`` (equivalents) lists the tree scenarios where the variant is correct."""
-    from specverify.mutants import CatalogueEntry
+    from specverify.mutants.entry import CatalogueEntry
 
     fn = uniforms_in(kernel)
     fn.__name__ = fn.__qualname__ = name

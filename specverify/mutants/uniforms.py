@@ -17,7 +17,7 @@ from __future__ import annotations
 from reference.rules import check_verifier_inputs
 from reference.uniforms import _assemble, accept_with_uniforms, final_draw
 from reference.uniforms import verify as canonical_uniforms
-from specverify.mutants import CatalogueEntry
+from specverify.mutants.entry import CatalogueEntry
 from specverify.protocols.uniforms import uniforms_in
 
 __all__ = ["ENTRIES", "reuse_rejected_kernel"]

@@ -35,8 +35,8 @@ import torch
 from reference.rules import greedy_verify
 from reference.rules import verify as reference_verify
 from specverify.core.sampling import sample
-from specverify.mutants import CatalogueEntry
 from specverify.mutants import steps as S
+from specverify.mutants.entry import CatalogueEntry
 
 __all__ = ["ENTRIES"]
 

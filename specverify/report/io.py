@@ -11,11 +11,10 @@ left untouched.  :func:`load_report` parses ``report.json`` with :mod:`json` and
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from specverify.core.errors import InvalidArgument
+from specverify.core.files import atomic_write_text, check_out_dir
 from specverify.core.results import Report
 from specverify.report.html import render_html
 from specverify.report.markdown import render_markdown
@@ -23,37 +22,6 @@ from specverify.report.markdown import render_markdown
 __all__ = ["FILENAMES", "atomic_write_text", "check_out_dir", "load_report", "write_report"]
 
 FILENAMES = {"json": "report.json", "markdown": "report.md", "html": "report.html"}
-
-
-def atomic_write_text(path: Path, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` via a temporary file in the same directory + ``os.replace``."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
-
-
-def check_out_dir(out_dir) -> Path:
-    """``out_dir`` as a Path that is a directory or does not exist yet (InvalidArgument otherwise)."""
-    try:
-        out = Path(out_dir)
-    except TypeError:
-        raise InvalidArgument(f"out_dir must be a path, got {out_dir!r}") from None
-    if out.exists() and not out.is_dir():
-        raise InvalidArgument(f"out_dir {str(out)!r} exists and is not a directory")
-    return out
 
 
 def write_report(report: Report, out_dir, *, plots: bool = True) -> dict[str, Path]:

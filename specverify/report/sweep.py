@@ -31,9 +31,9 @@ import re
 from pathlib import Path
 
 from specverify.core.errors import InvalidArgument
+from specverify.core.files import atomic_write_text, check_out_dir
 from specverify.measure.chain import estimate_mark, estimate_notes
 from specverify.report.html import CSS, esc, table
-from specverify.report.io import atomic_write_text, check_out_dir
 
 __all__ = ["render_sweep_markdown", "render_sweep_html", "render_sweep_plot", "write_sweep", "SWEEP_FILENAMES"]
 

@@ -25,7 +25,7 @@ from specverify.mutants import by_name
 from specverify.verifier.battery import run_scenario
 from specverify.verifier.scenarios import get_scenarios
 
-from .plan import CALIBRATION_SCENARIOS, ONE_HOT_DRAFTERS
+from .entry_scenarios import CALIBRATION_SCENARIOS, ONE_HOT_DRAFTERS
 from .verifiers import scaled_scenario
 
 __all__ = ["CALIBRATION_ALPHA", "CALIBRATION_PLANS", "clopper_pearson", "run_calibration"]

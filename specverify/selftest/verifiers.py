@@ -113,7 +113,7 @@ def run_verifier_entry(
     entry, *, tier: str, seed: int, alpha: float, scenarios=None, schedule: bool = True, lr_rows: int | None = None
 ) -> dict:
     """One matrix row for a verifier entry (mutant or equivalent); see the module docstring."""
-    from specverify.selftest.plan import equivalent_scenarios, mutant_scenarios
+    from specverify.selftest.entry_scenarios import equivalent_scenarios, mutant_scenarios
 
     mutant = entry.kind == "verifier"
     if scenarios is None:

@@ -31,8 +31,6 @@ prefix equal to argmax p, then argmax p; ties in argmax resolve to the lowest to
 from __future__ import annotations
 
 import functools
-import platform
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -43,6 +41,7 @@ import torch
 from reference.rules import greedy_verify
 from specverify import stats
 from specverify.core.devices import check_device, check_prob_dtype, device_extra, device_keywords
+from specverify.core.environment import callable_name, environment
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.progress import ProgressTracker
 from specverify.core.repro import python_repro
@@ -71,30 +70,6 @@ __all__ = [
 DIRECTED_CELLS = 1 << 22
 #: Minimum expected visits of a context node to get its own GOF test, and the most nodes tested.
 NODE_MIN_VISITS, MAX_NODES = 400, 12
-
-
-def environment() -> dict:
-    """Versions of the pieces that determine a run's numbers."""
-    import scipy
-
-    import specverify
-
-    return {
-        "specverify": getattr(specverify, "__version__", "?"),
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-        "scipy": scipy.__version__,
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "threads": torch.get_num_threads(),
-    }
-
-
-def callable_name(obj) -> str:
-    """``module:qualname`` of a verify callable, for the report (its repr if it has none)."""
-    module = getattr(obj, "__module__", None)
-    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
-    return f"{module}:{name}" if module and name else repr(obj)
 
 
 # ------------------------------------------------------------------ analysis

@@ -19,10 +19,10 @@ import torch
 from _adapter_trees import TREE
 from _strategies import pooled_chisquare
 
-from specverify.adapters import eagle as adapter
+from specverify.adapters.eagle import tree as adapter
+from specverify.adapters.layouts import from_eagle, to_eagle
 from specverify.core.errors import InvalidArgument
 from specverify.protocols.tree import TreeBatch, check_tree_output
-from specverify.verifier.tree.layouts import from_eagle, to_eagle
 
 try:
     import eagle.model.utils  # noqa: F401

@@ -1,4 +1,4 @@
-"""Medusa's typical acceptance on a tree (``specverify.adapters.medusa_tree``) and its reference walk.
+"""Medusa's typical acceptance on a tree (``specverify.adapters.medusa.tree``) and its reference walk.
 
 Engine-free tests (always run) check the adapter's validation and layout with a stand-in
 ``evaluate_posterior`` (Medusa's formula, written here), the reference walk
@@ -19,8 +19,8 @@ from _adapter_trees import TREE
 from _medusa import medusa_formula
 
 from reference import lossy
-from specverify.adapters import medusa as chain_adapter
-from specverify.adapters import medusa_tree as adapter
+from specverify.adapters.medusa import chain as chain_adapter
+from specverify.adapters.medusa import tree as adapter
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.protocols.tree import PAD, TreeBatch, check_tree_output
 
@@ -99,11 +99,13 @@ def test_bad_options_name_the_argument(monkeypatch, kwargs, match):
         adapter.MedusaTreeVerifier(**kwargs)
 
 
-def test_tree_names_are_served_by_the_chain_module():
-    assert chain_adapter.MedusaTreeVerifier is adapter.MedusaTreeVerifier
-    assert chain_adapter.typical_tree_verifier is adapter.typical_tree_verifier
-    with pytest.raises(AttributeError):
-        chain_adapter.no_such_name  # noqa: B018
+def test_the_package_serves_the_chain_and_tree_names():
+    """``specverify.adapters.medusa:MedusaTreeVerifier`` (what the reports record) is the tree module's."""
+    import specverify.adapters.medusa as package
+
+    assert package.MedusaTreeVerifier is adapter.MedusaTreeVerifier
+    assert package.typical_tree_verifier is adapter.typical_tree_verifier
+    assert package.typical_verifier is chain_adapter.typical_verifier
 
 
 def test_reference_walk_on_a_hand_built_tree():
@@ -241,7 +243,7 @@ def test_tree_sweep_with_the_reference_rule():
 def test_layout_matches_generate_medusa_buffers():
     from medusa.model.utils import generate_medusa_buffers
 
-    from specverify.verifier.tree.layouts import eagle_candidates, to_eagle
+    from specverify.adapters.layouts import eagle_candidates, to_eagle
 
     buffers = generate_medusa_buffers([1, 2, 3], device="cpu")  # medusa-llm 0.1: a full 2 x 3 Cartesian tree
     mask = buffers["medusa_attn_mask"][0, 0]  # (N+1, N+1) position i attends to its ancestors

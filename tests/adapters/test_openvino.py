@@ -15,10 +15,10 @@ import json
 import pytest
 import torch
 
-from specverify.adapters import openvino as adapter
-from specverify.adapters import openvino_reports
+from specverify.adapters.openvino import decoder as adapter
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.loading import parse_options
+from tools.reports import openvino_reports
 
 HAVE_OPENVINO = importlib.util.find_spec("openvino_genai") is not None
 

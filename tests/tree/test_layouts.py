@@ -17,10 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reference.tree_rules import verify_tree
-from specverify.core.errors import InvalidArgument
-from specverify.protocols.tree import PAD, TreeBatch, check_tree_output, uniforms_in
-from specverify.verifier.tree.laws import conditional_round_law
-from specverify.verifier.tree.layouts import (
+from specverify.adapters.layouts import (
     eagle_candidates,
     from_eagle,
     from_eagle_outputs,
@@ -31,6 +28,9 @@ from specverify.verifier.tree.layouts import (
     to_eagle,
     to_sglang,
 )
+from specverify.core.errors import InvalidArgument
+from specverify.protocols.tree import PAD, TreeBatch, check_tree_output, uniforms_in
+from specverify.verifier.tree.laws import conditional_round_law
 
 ALPHA = 1e-6
 

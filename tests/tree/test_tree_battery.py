@@ -13,7 +13,7 @@ from reference.tree_rules import verify_tree
 from specverify import mutants
 from specverify.core.errors import InvalidArgument
 from specverify.protocols.tree import PAD, ROOT, TreeBatch, check_parents
-from specverify.selftest.plan import TREE_MUTANT_SCENARIOS, tree_entry_scenarios
+from specverify.selftest.entry_scenarios import TREE_MUTANT_SCENARIOS, tree_entry_scenarios
 from specverify.verifier.tree.battery import check_tree_verifier, list_tree_scenarios
 from specverify.verifier.tree.chain import as_chain_verifier
 from specverify.verifier.tree.drafting import TreeDrafting, draft_trees
@@ -217,7 +217,7 @@ def test_a_tree_verifier_is_a_chain_verifier_on_one_path():
 
 
 def test_selftest_tree_rows():
-    from specverify.selftest.others import run_tree_entries
+    from specverify.selftest.battery_runs import run_tree_entries
 
     rows = run_tree_entries(tier="smoke", seed=0, alpha=ALPHA, names=["greedy_fallback", "sglang_target_only"])
     by = {r["name"]: r for r in rows}

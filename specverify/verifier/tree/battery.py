@@ -28,11 +28,12 @@ import torch
 
 from specverify import stats
 from specverify.core.devices import check_device, check_prob_dtype, device_extra
+from specverify.core.environment import callable_name, environment
 from specverify.core.errors import InvalidArgument
 from specverify.core.results import Report, TestResult, protocol_result
 from specverify.core.validation import check_run_options
 from specverify.shard.collect import Parallel
-from specverify.verifier.battery import analyse_run, callable_name, environment
+from specverify.verifier.battery import analyse_run
 from specverify.verifier.runs import TreeRunner, run_battery
 from specverify.verifier.scenarios import TIERS
 from specverify.verifier.tree.harness import TreeHarnessRun

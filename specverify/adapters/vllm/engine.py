@@ -1,0 +1,293 @@
+"""End-to-end vLLM speculative decoding (``vllm.LLM(..., speculative_config=...)``) as a decoder.
+
+The decoder protocol of ``docs/design.md``::
+
+    generate(prompt (T,) long, *, num_samples, max_new_tokens, seed) -> (num_samples, max_new_tokens) long
+
+:class:`VllmDecoder` submits ``num_samples`` requests with ``prompt_token_ids=prompt``,
+``ignore_eos=True``, ``max_tokens = max_new_tokens`` (no ``min_tokens``: it masks EOS) and per-request seeds
+``seed * 1_000_003 + i`` (vLLM's seeded path: one ``torch.Generator`` per request), in one
+``LLM.generate`` call, so the batch runs with continuous batching and speculation as in serving.
+The target's exact processed conditionals come from the same weights in transformers float32
+(:class:`specverify.adapters.hf.HFTarget`, whose processors implement the same temperature,
+top-k and top-p).
+
+Models are tiny seeded Llamas (:func:`specverify.adapters.fixtures.llama.tiny_llama`, head size 32
+for vLLM's CPU attention) written once to a local directory (no download): the target, a
+draft that is the target with Gaussian noise on every matrix (so both the accept and the
+residual branch run often), and an EAGLE-1 head in EAGLE's own checkpoint layout
+(:func:`specverify.adapters.fixtures.eagle_head.save_tiny_eagle`).  Practical settings for CPU:
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``VLLM_CPU_KVCACHE_SPACE=1``, ``enforce_eager=True``, ``skip_tokenizer_init=True``, ``dtype=float32``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from specverify.adapters.fixtures.llama import MODEL_CONFIG, save_tiny_models
+from specverify.adapters.runtime import OutputMemo, max_law_difference
+from specverify.core.errors import ImplementationError, InvalidArgument
+from specverify.core.validation import check_bool, check_int
+
+__all__ = [
+    "VllmDecoder",
+    "tiny_decoder",
+    "tiny_target",
+    "max_conditional_difference",
+]
+
+METHODS = ("ngram", "draft_model", "eagle")
+
+
+class VllmDecoder:
+    """``vllm.LLM`` with a speculative config behind the decoder protocol (engine built lazily, once).
+
+    Parameters
+    ----------
+    target_dir : path
+        The target model directory.
+    method : {"ngram", "draft_model", "eagle"}, optional
+        Speculation method; None runs the engine without speculation (the control).
+    k : int
+        ``num_speculative_tokens``.
+    draft_dir : path, optional
+        The draft model (``method="draft_model"``).
+    eagle_dir : path, optional
+        The EAGLE head (``method="eagle"``): an EAGLE-1 checkpoint directory for the target
+        (:func:`specverify.adapters.fixtures.eagle_head.save_tiny_eagle`), loaded by vLLM as
+        ``EagleLlamaForCausalLM`` with the target's ``lm_head`` and embedding shared.
+    draft_sample_method : {"greedy", "probabilistic"}
+        vLLM's ``draft_sample_method`` for draft models and EAGLE (vLLM's default is greedy:
+        argmax drafts, ``draft_probs=None``; probabilistic: drafts sampled from the
+        temperature-scaled draft law with torch's global generator, q passed to the sampler).
+    temperature, top_k, top_p : sampling options (``top_k=0`` / ``top_p=1`` off)
+    patch_expand : bool
+        Diagnostic: when the engine is built, replace ``rejection_sampler.expand_batch_to_tokens``
+        (for the rest of the process; the engine runs in-process) by a correct pure-torch one,
+        :func:`specverify.adapters.vllm.layout.expand_to_tokens` -- vLLM 0.32's CPU override of
+        its kernel drops float32/int32 outputs (``reports/vllm/repro_cpu_expand_uninitialized.py``).
+    seed_global_rng : bool
+        Seed torch's global CPU generator from ``seed`` for each ``generate`` call (inside
+        ``torch.random.fork_rng``; the engine runs in-process).  vLLM's probabilistic drafter
+        ignores per-request seeds and draws from the global RNG (``compute_probs_and_sample_next_token``,
+        ``# TODO(woosuk): Consider seeds.``), so without this its runs are not reproducible.
+    memoize : bool
+        Diagnostic: a repeated call with the same arguments returns the first call's output, so
+        ``check_decoder``'s determinism check cannot stop the statistical tests of an engine that
+        is not reproducible (the law is then tested on the first draw; the non-reproducibility
+        itself is shown by the same configuration without this option).
+    """
+
+    def __init__(
+        self,
+        target_dir,
+        *,
+        method=None,
+        k=4,
+        draft_dir=None,
+        eagle_dir=None,
+        draft_sample_method="probabilistic",
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        patch_expand=False,
+        seed_global_rng=False,
+        memoize=False,
+    ):
+        self.patch_expand = check_bool("patch_expand", patch_expand)
+        self.seed_global_rng = check_bool("seed_global_rng", seed_global_rng)
+        self._memo = OutputMemo(memoize)  # validates memoize
+        if method is not None and method not in METHODS:
+            raise InvalidArgument(f"method must be one of {list(METHODS)} or None, got {method!r}")
+        if method == "draft_model" and draft_dir is None:
+            raise InvalidArgument("method='draft_model' needs draft_dir")
+        if method == "eagle" and eagle_dir is None:
+            raise InvalidArgument("method='eagle' needs eagle_dir")
+        if draft_sample_method not in ("greedy", "probabilistic"):
+            raise InvalidArgument(
+                f"draft_sample_method must be 'greedy' or 'probabilistic', got {draft_sample_method!r}"
+            )
+        self.target_dir, self.draft_dir = str(target_dir), None if draft_dir is None else str(draft_dir)
+        self.eagle_dir = None if eagle_dir is None else str(eagle_dir)
+        self.method, self.k, self.draft_sample_method = method, check_int("k", k, minimum=1), draft_sample_method
+        self.temperature, self.top_k, self.top_p = float(temperature), int(top_k), float(top_p)
+        self._llm = None
+
+    def __repr__(self) -> str:
+        spec = "no speculation" if self.method is None else f"{self.method}, k={self.k}"
+        if self.method in ("draft_model", "eagle"):
+            spec += f", draft_sample_method={self.draft_sample_method}"
+        patched = ", patch_expand=True" if self.patch_expand else ""
+        patched += ", seed_global_rng=True" if self.seed_global_rng else ""
+        patched += ", memoize=True" if self._memo.enabled else ""
+        return f"VllmDecoder({spec}, temperature={self.temperature}, top_k={self.top_k}, top_p={self.top_p}{patched})"
+
+    def _speculative_config(self):
+        if self.method is None:
+            return None
+        if self.method == "ngram":
+            return dict(method="ngram", num_speculative_tokens=self.k, prompt_lookup_max=3, prompt_lookup_min=1)
+        return dict(
+            method=self.method,
+            model=self.eagle_dir if self.method == "eagle" else self.draft_dir,
+            num_speculative_tokens=self.k,
+            draft_sample_method=self.draft_sample_method,
+        )
+
+    @property
+    def llm(self):
+        if self._llm is None:
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            from vllm import LLM
+
+            if self.patch_expand:
+                from vllm.v1.sample import rejection_sampler
+
+                from specverify.adapters.vllm.layout import expand_to_tokens
+
+                rejection_sampler.expand_batch_to_tokens = expand_to_tokens
+
+            self._llm = LLM(
+                model=self.target_dir,
+                skip_tokenizer_init=True,
+                dtype="float32",
+                enforce_eager=True,
+                gpu_memory_utilization=0.3,
+                max_model_len=128,
+                seed=0,
+                speculative_config=self._speculative_config(),
+            )
+        return self._llm
+
+    def generate(self, prompt, *, num_samples: int, max_new_tokens: int, seed: int) -> torch.Tensor:
+        """Sample ``num_samples`` continuations of ``prompt`` (T,) -> (num_samples, max_new_tokens) long."""
+        from vllm import SamplingParams
+
+        n = check_int("num_samples", num_samples, minimum=1)
+        L = check_int("max_new_tokens", max_new_tokens, minimum=1)
+        seed = check_int("seed", seed, minimum=0)
+        ids = [int(t) for t in torch.as_tensor(prompt).reshape(-1).tolist()]
+        key = (tuple(ids), n, L, seed)
+        replay = self._memo.lookup(key)
+        if replay is not None:
+            return replay
+        params = [
+            SamplingParams(
+                temperature=self.temperature,
+                top_k=self.top_k if self.top_k > 0 else 0,
+                top_p=self.top_p,
+                max_tokens=L,
+                ignore_eos=True,
+                seed=(seed * 1_000_003 + i) % (2**63 - 1),
+                detokenize=False,
+            )
+            for i in range(n)
+        ]
+        llm = self.llm
+        prompts = [{"prompt_token_ids": ids}] * n
+        if self.seed_global_rng:
+            with torch.random.fork_rng(devices=[]):
+                torch.default_generator.manual_seed(seed)
+                outputs = llm.generate(prompts, params, use_tqdm=False)
+        else:  # no fork: restoring the global state after each call would hide an engine drawing from it
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+        rows = [list(o.outputs[0].token_ids) for o in outputs]
+        bad = [i for i, r in enumerate(rows) if len(r) != L]
+        if bad:
+            raise ImplementationError(f"vLLM returned {len(rows[bad[0]])} tokens for sample {bad[0]}, want {L}")
+        tokens = torch.tensor(rows, dtype=torch.long)  # (num_samples, max_new_tokens)
+        return self._memo.store(key, tokens)
+
+
+def tiny_decoder(
+    *,
+    method="ngram",
+    k=4,
+    draft_sample_method="probabilistic",
+    temperature=1.0,
+    top_k=0,
+    top_p=1.0,
+    seed=0,
+    patch_expand=False,
+    seed_global_rng=False,
+    memoize=False,
+    eagle_fc_bias=False,
+):
+    """:class:`VllmDecoder` on the tiny seeded target and its perturbed draft or EAGLE head.
+
+    ``method="none"``: no speculation; ``method="eagle"``: the head of
+    :func:`specverify.adapters.fixtures.eagle_head.save_tiny_eagle` for ``seed``, with ``fc.bias`` and
+    ``"bias": true`` in its config when ``eagle_fc_bias``.
+    """
+    from specverify.adapters.fixtures.eagle_head import save_tiny_eagle
+
+    if method != "none" and method not in METHODS:
+        raise InvalidArgument(f"method must be one of {['none', *METHODS]}, got {method!r}")
+    target_dir, draft_dir = save_tiny_models(seed=seed)
+    return VllmDecoder(
+        target_dir,
+        method=None if method == "none" else method,
+        k=k,
+        draft_dir=draft_dir,
+        eagle_dir=save_tiny_eagle(seed=seed, fc_bias=eagle_fc_bias) if method == "eagle" else None,
+        draft_sample_method=draft_sample_method,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        patch_expand=patch_expand,
+        seed_global_rng=seed_global_rng,
+        memoize=memoize,
+    )
+
+
+def tiny_target(*, temperature=1.0, top_k=0, top_p=1.0, seed=0):
+    """Exact processed conditionals of :func:`tiny_decoder`'s target, in transformers float32."""
+    from specverify.adapters.fixtures.llama import tiny_llama
+    from specverify.adapters.hf import HFTarget
+
+    model = tiny_llama(num_key_value_heads=2, seed=seed, **MODEL_CONFIG)
+    return HFTarget(model, temperature=temperature, top_k=top_k, top_p=top_p, num_threads=1)
+
+
+def max_conditional_difference(*, seed: int = 0, num_sequences: int = 8, length: int = 12) -> float:
+    """Largest |p_vLLM - p_transformers| over the raw next-token laws of random sequences (tiny target).
+
+    vLLM's are its ``prompt_logprobs=-1`` (every token's log-probability at every prompt
+    position, ``max_logprobs=-1``) from a separate engine without speculation; transformers'
+    are float32 ``softmax(logits)`` of the same weights.  Sequences are drawn from a
+    ``torch.Generator`` seeded with ``seed``.
+    """
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM, SamplingParams
+
+    from specverify.adapters.fixtures.llama import tiny_llama
+
+    target_dir, _ = save_tiny_models(seed=seed)
+    V = MODEL_CONFIG["vocab_size"]
+    llm = LLM(
+        model=str(target_dir),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        enforce_eager=True,
+        gpu_memory_utilization=0.3,
+        max_model_len=128,
+        max_logprobs=-1,
+        seed=0,
+    )
+    params = SamplingParams(max_tokens=1, prompt_logprobs=-1, detokenize=False)
+
+    def laws(sequences: torch.Tensor) -> torch.Tensor:
+        outs = llm.generate([{"prompt_token_ids": s.tolist()} for s in sequences], params, use_tqdm=False)
+        logp = torch.zeros(len(outs), sequences.shape[1] - 1, V, dtype=torch.float64)  # (N, T - 1, V)
+        for b, out in enumerate(outs):
+            for t, entry in enumerate(out.prompt_logprobs[1:]):  # entry t: law of token t+1 given sequences[b, :t+1]
+                for token, logprob in entry.items():
+                    logp[b, t, token] = float(getattr(logprob, "logprob", logprob))
+        return logp.exp()  # (N, T - 1, V)
+
+    model = tiny_llama(num_key_value_heads=2, seed=seed, **MODEL_CONFIG)
+    return max_law_difference(laws, model, vocab_size=V, seed=seed, num_sequences=num_sequences, length=length)

@@ -1,1 +1,0 @@
-"""Example audits of real speculative-decoding implementations; their reports live under ``reports/``."""
