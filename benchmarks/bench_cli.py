@@ -8,7 +8,7 @@ use, the load average before the first run):
   a negative seed, an alpha outside (0, 1), an unknown tier;
 * with ``--journeys``: the README's smoke audit (``specverify audit --verifier
   reference.rules:verify --tier smoke``) and ``specverify selftest --tier smoke`` (one run: it is
-  long), the figures the README and ``specverify examples --help`` state.
+  long), the figures the README states.
 
 ``--source DIR`` times the command of another checkout (``PYTHONPATH=DIR``; e.g. a ``git worktree``
 of an older commit, for before/after figures); the default is this checkout.
