@@ -7,8 +7,7 @@ pytest plugin do, for ``specverify.core``) loads neither torch nor a battery.
 from __future__ import annotations
 
 from specverify.core.lazy import lazy_getattr
-
-__version__ = "0.1.0"
+from specverify.core.version import __version__
 
 _LAZY = {
     "check_verifier": "specverify.verifier.battery",

@@ -17,3 +17,12 @@ def test_cli_version():
         main(["--version"])
     except SystemExit as exit:
         assert exit.code == 0
+
+
+def test_the_version_is_the_distributions():
+    """``specverify.__version__`` (what reports record) is the installed distribution's version."""
+    from importlib.metadata import version
+
+    import specverify
+
+    assert specverify.__version__ == version("specverify-suite")

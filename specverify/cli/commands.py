@@ -29,7 +29,6 @@ import time
 import traceback
 from pathlib import Path
 
-import specverify
 from specverify.cli import measure as measure_command
 from specverify.cli.argtypes import (
     Parser,
@@ -42,6 +41,7 @@ from specverify.cli.argtypes import (
 from specverify.cli.audit import DEFAULT_ALPHA, DEFAULT_BANDWIDTH, DEFAULT_BYTES_PER_PARAM, run_audit
 from specverify.core.errors import InvalidArgument, SpecVerifyError
 from specverify.core.loading import put_on_import_path
+from specverify.core.version import __version__
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 TIERS = ("smoke", "standard", "deep")
@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Exit status of audit: 0 pass, 1 fail, 2 bad usage or broken implementation.",
     )
-    parser.add_argument("--version", action="version", version=f"specverify {specverify.__version__}")
+    parser.add_argument("--version", action="version", version=f"specverify {__version__}")
     sub = parser.add_subparsers(dest="command")
 
     _add_audit(sub)

@@ -109,7 +109,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     if state is None:
         return None
     s = state.settings
-    import specverify
+    from specverify.core.version import __version__
 
     try:
         import torch
@@ -121,7 +121,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     return [
         f"specverify: implementation={s.impl} tier={s.tier} seed={s.seed} alpha={s.alpha:g}"
         + (" greedy" if s.greedy else ""),
-        f"specverify {specverify.__version__}, torch {version}, device {device}"
+        f"specverify {__version__}, torch {version}, device {device}"
         + (f", battery module {s.battery}" if s.battery != DEFAULT_BATTERY else ""),
     ]
 

@@ -20,10 +20,10 @@ def environment(device: Any = None) -> dict:
     import scipy
     import torch
 
-    import specverify
+    from specverify.core.version import __version__
 
     out = {
-        "specverify": getattr(specverify, "__version__", "?"),
+        "specverify": __version__,
         "torch": torch.__version__,
         "numpy": np.__version__,
         "scipy": scipy.__version__,
