@@ -257,9 +257,9 @@ def _add_others(sub) -> None:
 
 
 def _run_audit(args) -> int:
-    from specverify.report import terminal_summary, write_report
-
     report = run_audit(args, progress=Progress())
+    from specverify.report import terminal_summary, write_report  # after the run: a bad spec fails fast
+
     paths = write_report(report, Path(args.out), plots=not args.no_plots)
     print(report.to_json() if args.json else terminal_summary(report))
     if not args.json:
