@@ -36,6 +36,7 @@ ALLOWED: dict[str, set[str]] = {
     "mutants": {"core", "protocols", "stats", "reference", "verifier"},
     "adapters": {"core", "protocols", "stats", "reference", "verifier"},
     "report": {"core", "stats", "measure"},
+    "endpoint": {"core", "reference", "decoder", "mutants"},
     "selftest": {
         "core",
         "protocols",
@@ -63,6 +64,7 @@ ALLOWED: dict[str, set[str]] = {
         "adapters",
         "report",
         "selftest",
+        "endpoint",
     },  # fmt: skip
     "specverify": {
         "core",
@@ -78,6 +80,7 @@ ALLOWED: dict[str, set[str]] = {
         "adapters",
         "report",
         "selftest",
+        "endpoint",
         "cli",
     },  # fmt: skip
 }

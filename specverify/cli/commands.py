@@ -39,6 +39,7 @@ from specverify.cli.argtypes import (
     probability,
 )
 from specverify.cli.audit import DEFAULT_ALPHA, DEFAULT_BANDWIDTH, DEFAULT_BYTES_PER_PARAM, run_audit
+from specverify.cli.endpoint import add_arguments as endpoint_arguments
 from specverify.core.errors import InvalidArgument, SpecVerifyError
 from specverify.core.loading import put_on_import_path
 from specverify.core.version import __version__
@@ -228,6 +229,7 @@ def _add_audit(sub) -> None:
         action="store_true",
         help="anytime stopping: stop at the first decisive e-process (10%% of alpha; the battery gets 90%%)",
     )
+    endpoint_arguments(audit)
     audit.add_argument(
         "--out",
         metavar="DIR",
@@ -257,7 +259,12 @@ def _add_others(sub) -> None:
 
 
 def _run_audit(args) -> int:
-    report = run_audit(args, progress=Progress())
+    if args.endpoint:
+        from specverify.cli.endpoint import run_endpoint_audit
+
+        report = run_endpoint_audit(args)
+    else:
+        report = run_audit(args, progress=Progress())
     from specverify.report import terminal_summary, write_report  # after the run: a bad spec fails fast
 
     paths = write_report(report, Path(args.out), plots=not args.no_plots)

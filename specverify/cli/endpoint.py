@@ -1,0 +1,135 @@
+"""``specverify audit --endpoint URL --model NAME``: the audit of a running OpenAI-compatible server.
+
+The arguments (an "endpoint audit" group of ``audit``), their checks, the run through
+:func:`specverify.endpoint.check_endpoint`, and the canonical command a report records (the
+API key is never part of it: only the name of the variable that holds it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import sys
+
+from specverify.cli.argtypes import nonnegative_float, positive_int, probability
+from specverify.core.errors import InvalidArgument
+
+__all__ = ["add_arguments", "run_endpoint_audit", "endpoint_command", "CONFLICTS"]
+
+#: Flags of the in-process audits that an endpoint audit does not take.
+CONFLICTS = ("verifier", "tree_verifier", "decoder", "drafter", "target", "reference", "workers", "backend",
+             "shards", "ray_address", "device", "dtype", "scenario", "mode")  # fmt: skip
+
+
+def _top_p(text: str) -> float:
+    value = probability(text)
+    return value
+
+
+def add_arguments(audit) -> None:
+    """The endpoint group of ``specverify audit``."""
+    group = audit.add_argument_group("endpoint audit (a running OpenAI-compatible server, over HTTP)")
+    group.add_argument("--endpoint", metavar="URL", help="the server under test, http(s)://host:port[/v1]")
+    group.add_argument("--model", metavar="NAME", help="the served model's name (as in /v1/models)")
+    group.add_argument(
+        "--reference-endpoint",
+        metavar="URL",
+        help="the same weights served without speculation: the target's laws come from it (or its samples, --two-sample)",
+    )
+    group.add_argument("--reference-model", metavar="NAME", help="the reference's model name (default --model)")
+    group.add_argument(
+        "--two-sample", action="store_true", help="compare samples with --reference-endpoint instead of exact laws"
+    )
+    group.add_argument("--temperature", type=nonnegative_float, default=1.0)
+    group.add_argument("--top-k", type=positive_int, metavar="K", help="top-k of every request (default: off)")
+    group.add_argument("--top-p", type=_top_p, metavar="P", help="top-p of every request (default: off)")
+    group.add_argument("--prompts", metavar="FILE", help="JSON list of token-id lists (default: derived from --seed)")
+    group.add_argument("--concurrency", type=positive_int, default=8, help="requests in flight (default 8)")
+    group.add_argument(
+        "--samples-per-request", type=positive_int, default=1, metavar="N", help="continuations per request (n)"
+    )
+    group.add_argument(
+        "--api-key-env",
+        metavar="VAR",
+        default="SPECVERIFY_API_KEY",
+        help="environment variable holding the API key (never recorded; default SPECVERIFY_API_KEY)",
+    )
+    group.add_argument("--request-timeout", type=nonnegative_float, default=120.0, metavar="S")
+    group.add_argument("--retries", type=positive_int, default=6, help="retries of a transient failure (429, 5xx)")
+
+
+def _check(args) -> None:
+    if not args.model:
+        raise InvalidArgument("--endpoint needs --model NAME (the served model's name)")
+    given = [f"--{name.replace('_', '-')}" for name in CONFLICTS if getattr(args, name, None) not in (None, False, [])]
+    if given:
+        raise InvalidArgument(f"--endpoint audits a server; it does not take {', '.join(given)}")
+    if args.two_sample and not args.reference_endpoint:
+        raise InvalidArgument("--two-sample needs --reference-endpoint URL (the same model without speculation)")
+    if args.greedy:
+        raise InvalidArgument("--endpoint: ask for greedy decoding with --temperature 0")
+
+
+def endpoint_argv(args) -> list[str]:
+    """The canonical arguments of an endpoint audit (no output options, never the key itself)."""
+    argv = ["--endpoint", args.endpoint, "--model", args.model]
+    if args.reference_endpoint:
+        argv += ["--reference-endpoint", args.reference_endpoint]
+    if args.reference_model:
+        argv += ["--reference-model", args.reference_model]
+    if args.two_sample:
+        argv.append("--two-sample")
+    argv += ["--temperature", f"{args.temperature:g}"]
+    if args.top_k is not None:
+        argv += ["--top-k", str(args.top_k)]
+    if args.top_p is not None:
+        argv += ["--top-p", f"{args.top_p:g}"]
+    if args.prompts:
+        argv += ["--prompts", args.prompts]
+    for flag in ("num_samples", "max_new_tokens"):
+        if getattr(args, flag, None) is not None:
+            argv += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
+    if args.samples_per_request != 1:
+        argv += ["--samples-per-request", str(args.samples_per_request)]
+    if args.api_key_env != "SPECVERIFY_API_KEY":
+        argv += ["--api-key-env", args.api_key_env]
+    argv += ["--tier", args.tier, "--seed", str(args.seed), "--alpha", f"{args.alpha:g}"]
+    return argv
+
+
+def endpoint_command(args) -> str:
+    return "specverify audit " + " ".join(shlex.quote(a) for a in endpoint_argv(args))
+
+
+def run_endpoint_audit(args, *, stream=None):
+    """Run the endpoint audit of parsed ``audit`` arguments; the Report (its ``command`` the canonical line)."""
+    _check(args)
+    from specverify.endpoint.checks import check_endpoint
+    from specverify.endpoint.pool import TerminalProgress
+
+    stream = stream if stream is not None else sys.stderr
+    report = check_endpoint(
+        args.endpoint,
+        args.model,
+        reference_url=args.reference_endpoint,
+        reference_model=args.reference_model,
+        two_sample=args.two_sample,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        prompts=args.prompts,
+        tier=args.tier,
+        seed=args.seed,
+        alpha=args.alpha,
+        num_samples=args.num_samples,
+        max_new_tokens=args.max_new_tokens,
+        out_dir=args.out,
+        concurrency=args.concurrency,
+        samples_per_request=args.samples_per_request,
+        key_env=args.api_key_env,
+        timeout=args.request_timeout,
+        retries=args.retries,
+        progress=TerminalProgress(stream),
+        announce=lambda line: print(line, file=stream, flush=True),
+    )
+    return dataclasses.replace(report, command=endpoint_command(args))

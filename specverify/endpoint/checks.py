@@ -1,0 +1,351 @@
+"""``check_endpoint``: audit a running OpenAI-compatible server with the decoder battery, over HTTP.
+
+Two modes:
+
+* **exact-conditional** (default): continuations sampled from the endpoint under test; the
+  target's law after every sampled prefix from teacher forcing -- the endpoint's own prompt
+  logprobs, or a reference endpoint's (same weights, no speculation) -- memoised over the prefix
+  trie; then the decoder battery (per position, per context node, directed tests, support,
+  one error budget).
+* **two-sample** (``two_sample=True``): the endpoint against a reference endpoint with the same
+  sampling parameters (4 reference samples per sample), the battery's two-sample tests on the
+  prefix trie.
+
+Before anything is sent, the endpoints are checked (model served, token ids returned, logprobs
+over the whole vocabulary, the same vocabulary on both); each problem is one
+:class:`~specverify.endpoint.http.EndpointError`.  Every reply is kept in ``OUT/samples.jsonl``
+(:mod:`specverify.endpoint.store`): an interrupted audit run again with the same options
+continues where it stopped and gives the same statistics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tempfile
+import time
+from pathlib import Path
+
+from specverify.core.errors import InvalidArgument
+from specverify.core.validation import check_int
+from specverify.decoder.battery import TIER_PLANS, check_decoder
+from specverify.endpoint.api import Sampling, completion_body, continuations, prompt_logprob_rows, teacher_forcing_body
+from specverify.endpoint.http import DEFAULT_KEY_ENV, EndpointError, HttpClient
+from specverify.endpoint.pool import Fetcher
+from specverify.endpoint.store import SampleStore
+from specverify.endpoint.subjects import EndpointDecoder, EndpointTarget
+
+__all__ = ["check_endpoint", "EndpointPlan", "plan_requests", "TOLERANCE_NOTE"]
+
+#: What the report says about the float tolerance between the server's logprobs and its sampler.
+TOLERANCE_NOTE = (
+    "The target's law is the server's raw log-probabilities (float32 logits, as JSON) processed in float64 with "
+    "the audit's temperature / top-k / top-p; the sampler's own probabilities differ from it by float32 rounding "
+    "(about 1e-6 relative), far below what the binned tests can see at these sample sizes (a deviation of TV 1e-6 "
+    "needs about 1e12 samples). A support failure is a token sampled where that law is exactly 0 (outside top-k / "
+    "top-p): a real fault unless the token's probability ties the cut within float32 rounding; the report names it."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class EndpointPlan:
+    """What an audit will send at most: requests and tokens, per role."""
+
+    prompts: int
+    samples: int
+    max_new_tokens: int
+    sampling_requests: int
+    reference_requests: int
+    teacher_forcing_requests: int  # an upper bound: distinct prefixes are fewer
+    tokens: int
+
+    def summary(self) -> str:
+        parts = [f"{self.sampling_requests:,} sampling requests"]
+        if self.reference_requests:
+            parts.append(f"{self.reference_requests:,} reference sampling requests")
+        if self.teacher_forcing_requests:
+            parts.append(
+                f"at most {self.teacher_forcing_requests:,} teacher-forcing requests (one per distinct prefix)"
+            )
+        return (
+            f"will send {', '.join(parts)}: {self.prompts} prompts x {self.samples:,} samples x "
+            f"{self.max_new_tokens} new tokens, {self.tokens:,} sampled tokens"
+        )
+
+
+def plan_requests(*, tier: str, mode: str, num_prompts: int, num_samples: int | None, max_new_tokens: int | None,
+                  samples_per_request: int) -> EndpointPlan:  # fmt: skip
+    """Requests and tokens an audit of ``tier`` sends at most (the store's replies are not sent again)."""
+    plan = TIER_PLANS[tier]
+    N = num_samples or plan.num_samples
+    L = max_new_tokens or plan.max_new_tokens
+    per = math.ceil(N / samples_per_request) + 2 * math.ceil(plan.determinism_samples / samples_per_request)
+    reference = 0
+    teacher = 0
+    if mode == "two_sample":
+        reference = num_prompts * math.ceil(plan.reference_factor * N / samples_per_request)
+    else:
+        teacher = num_prompts * N + 1
+    tokens = num_prompts * (N + 2 * plan.determinism_samples) * L
+    if mode == "two_sample":
+        tokens += num_prompts * plan.reference_factor * N * L
+    return EndpointPlan(num_prompts, N, L, num_prompts * per, reference, teacher, tokens)
+
+
+def _served_models(client: HttpClient) -> list[str] | None:
+    try:
+        reply = client.get("models")
+    except EndpointError as error:
+        if error.status == 404:
+            return None  # no model listing: the completion probe will say
+        raise
+    data = reply.get("data") if isinstance(reply, dict) else None
+    return [str(m.get("id")) for m in data if isinstance(m, dict)] if isinstance(data, list) else None
+
+
+def _check_model(client: HttpClient, model: str) -> None:
+    served = _served_models(client)
+    if served is not None and model not in served:
+        raise EndpointError(
+            f"{client.base_url} does not serve model {model!r}; it serves: {', '.join(map(str, served))}"
+        )
+
+
+def _probe_sampling(client: HttpClient, model: str, sampling: Sampling, prompt: list[int]) -> None:
+    body = completion_body(model, prompt, n=1, max_tokens=2, sampling=sampling, seed=0)
+    try:
+        reply = client.post("completions", body)
+    except EndpointError as error:
+        if error.status == 400 and "prompt" in error.body.lower():
+            raise EndpointError(f"{client.base_url} does not take token-id prompts: {error.body}") from None
+        raise
+    continuations(reply, n=1, max_tokens=2)
+
+
+def _probe_vocab(client: HttpClient, model: str) -> int:
+    sequence = [0, 0]
+    try:
+        reply = client.post("completions", teacher_forcing_body(model, sequence))
+    except EndpointError as error:
+        if error.status == 400 and "logprob" in error.body.lower():
+            raise EndpointError(
+                f"{client.base_url} caps logprobs below the vocabulary ({error.body}): start the server with "
+                "--max-logprobs -1 (vLLM) so that prompt_logprobs=-1 returns the whole vocabulary"
+            ) from None
+        raise
+    return int(prompt_logprob_rows(reply, sequence, None).shape[1])
+
+
+def _load_prompts(prompts) -> list | None:
+    if prompts is None or not isinstance(prompts, (str, Path)):
+        return prompts
+    path = Path(prompts)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InvalidArgument(f"prompts file {str(path)!r} does not exist") from None
+    except ValueError as error:
+        raise InvalidArgument(f"prompts file {str(path)!r} is not JSON: {error}") from None
+    if not isinstance(data, list) or not data or not all(isinstance(p, list) and p for p in data):
+        raise InvalidArgument(f"prompts file {str(path)!r} must hold a JSON list of token-id lists, e.g. [[1, 2, 3]]")
+    return data
+
+
+@dataclasses.dataclass(frozen=True)
+class _Served:
+    """A served model: its client and name."""
+
+    client: HttpClient
+    model: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} at {self.client.base_url}"
+
+
+def _preflight(
+    under_test: _Served, ref: _Served | None, mode: str, sampling: Sampling, prompt: list[int]
+) -> int | None:
+    """Check the endpoints before anything is collected; the vocabulary size (exact mode)."""
+    for served in (under_test, ref):
+        if served is not None:
+            _check_model(served.client, served.model)
+    _probe_sampling(under_test.client, under_test.model, sampling, prompt)
+    if mode == "two_sample":
+        assert ref is not None
+        _probe_sampling(ref.client, ref.model, sampling, prompt)
+        return None
+    target_side = ref or under_test
+    vocab = _probe_vocab(target_side.client, target_side.model)
+    if ref is not None:
+        try:
+            own = _probe_vocab(under_test.client, under_test.model)
+        except EndpointError:
+            own = None  # the endpoint under test need not serve logprobs
+        if own is not None and own != vocab:
+            raise EndpointError(
+                f"vocabulary size mismatch: {under_test.client.base_url} has {own} tokens, "
+                f"{ref.client.base_url} has {vocab}"
+            )
+    return vocab
+
+
+def _describe(under_test: _Served, ref: _Served | None, mode: str, sampling: Sampling) -> dict:
+    return {
+        "url": under_test.client.base_url,
+        "model": under_test.model,
+        "reference_url": ref.client.base_url if ref else None,
+        "reference_model": ref.model if ref else None,
+        "mode": mode,
+        "sampling": dataclasses.asdict(sampling),
+    }
+
+
+def check_endpoint(
+    url: str,
+    model: str,
+    *,
+    reference_url: str | None = None,
+    reference_model: str | None = None,
+    two_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    prompts=None,
+    tier: str = "smoke",
+    seed: int = 0,
+    alpha: float = 1e-3,
+    num_samples: int | None = None,
+    max_new_tokens: int | None = None,
+    out_dir=None,
+    concurrency: int = 8,
+    samples_per_request: int = 1,
+    key_env: str = DEFAULT_KEY_ENV,
+    timeout: float = 120.0,
+    retries: int = 6,
+    verify_tls: bool = True,
+    progress=None,
+    announce=None,
+):
+    """Audit a running OpenAI-compatible completions server (see the module docstring).
+
+    Parameters
+    ----------
+    url, model : str
+        The endpoint under test (``http(s)://host:port[/v1]``) and its served model name.
+    reference_url, reference_model : str, optional
+        A reference endpoint (same weights, speculation off): the target's laws come from it
+        (exact-conditional mode) or its samples are compared (``two_sample=True``).  The model
+        name defaults to ``model``.
+    two_sample : bool
+        Two-sample mode (needs ``reference_url``).
+    temperature, top_k, top_p : sampling parameters sent with every sampling request
+        (``None``: off) and applied to the raw logprobs.
+    prompts : list of token-id lists, or a path to a JSON file holding one, optional
+        Default: prompts derived from ``seed`` and the vocabulary.
+    tier, seed, alpha, num_samples, max_new_tokens : as :func:`specverify.check_decoder`.
+    out_dir : path, optional
+        Where the sample store lives (``samples.jsonl``); default: a store is not kept on disk
+        but in a temporary directory.
+    concurrency : int
+        Requests in flight at most.
+    samples_per_request : int
+        Continuations per sampling request (``n``).
+    key_env : str
+        Environment variable holding the API key (never recorded).
+    timeout, retries, verify_tls : the HTTP client's (see :class:`~specverify.endpoint.http.HttpClient`).
+    progress : callable, optional
+        ``progress(done, total, tokens, elapsed, what)`` as replies arrive.
+    announce : callable, optional
+        Called with one line: the plan (requests, tokens) before anything is sent.
+
+    Returns
+    -------
+    Report
+        The decoder battery's report, with ``extra["endpoint"]``: the endpoints, the sampling
+        parameters, the plan, what was sent and taken from the store, the prefix-trie
+        memoisation, the client's time, and the tolerance statement.
+
+    Raises
+    ------
+    InvalidArgument
+        Bad arguments.
+    EndpointError
+        An endpoint cannot be audited (unreachable, model not served, no token ids, capped
+        logprobs, vocabularies that differ, a reply that is not JSON).
+    """
+    started = time.perf_counter()
+    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
+    concurrency = check_int("concurrency", concurrency, minimum=1)
+    samples_per_request = check_int("samples_per_request", samples_per_request, minimum=1)
+    if tier not in TIER_PLANS:
+        raise InvalidArgument(f"tier must be one of {sorted(TIER_PLANS)}, got {tier!r}")
+    if two_sample and not reference_url:
+        raise InvalidArgument("two_sample=True needs reference_url (the same model served without speculation)")
+    mode = "two_sample" if two_sample else "exact"
+    prompt_lists = _load_prompts(prompts)
+    under_test = _Served(
+        HttpClient(url, key_env=key_env, timeout=timeout, retries=retries, verify_tls=verify_tls), model
+    )
+    ref = None
+    if reference_url:
+        ref_client = HttpClient(reference_url, key_env=key_env, timeout=timeout, retries=retries, verify_tls=verify_tls)
+        ref = _Served(ref_client, reference_model or model)
+    vocab = _preflight(under_test, ref, mode, sampling, prompt_lists[0] if prompt_lists else [0])
+
+    n_prompts = len(prompt_lists) if prompt_lists else TIER_PLANS[tier].num_prompts
+    plan = plan_requests(tier=tier, mode=mode, num_prompts=n_prompts, num_samples=num_samples,
+                         max_new_tokens=max_new_tokens, samples_per_request=samples_per_request)  # fmt: skip
+    if announce is not None:
+        announce(plan.summary())
+    header = {
+        **_describe(under_test, ref, mode, sampling),
+        "tier": tier,
+        "seed": seed,
+        "num_samples": num_samples,
+        "max_new_tokens": max_new_tokens,
+        "prompts": prompt_lists,
+        "samples_per_request": samples_per_request,
+    }
+    scratch = tempfile.TemporaryDirectory() if out_dir is None else None
+    store = SampleStore(out_dir if out_dir is not None else scratch.name, header)  # type: ignore[union-attr]
+    target_side = ref or under_test
+    clients = {"decoder": under_test.client, "reference": target_side.client, "target": target_side.client}
+    fetcher = Fetcher(clients, store, concurrency=concurrency, progress=progress)
+    decoder = EndpointDecoder(fetcher, model, sampling, samples_per_request=samples_per_request, vocab_size=vocab,
+                              label=under_test.label)  # fmt: skip
+    target = EndpointTarget(fetcher, target_side.model, sampling, vocab_size=vocab) if mode == "exact" else None
+    reference = None
+    if mode == "two_sample":
+        reference = EndpointDecoder(fetcher, target_side.model, sampling, role="reference",
+                                    samples_per_request=samples_per_request, label=target_side.label)  # fmt: skip
+    try:
+        report = check_decoder(
+            decoder,
+            target,
+            reference=reference,
+            tier=tier,
+            seed=seed,
+            alpha=alpha,
+            prompts=prompt_lists,
+            greedy=True if temperature == 0 and target is not None else None,
+            num_samples=num_samples,
+            max_new_tokens=max_new_tokens,
+        )
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
+    total = time.perf_counter() - started
+    ledger = fetcher.ledger.as_dict()
+    endpoint = {
+        **_describe(under_test, ref, mode, sampling),
+        "plan": dataclasses.asdict(plan),
+        **ledger,
+        "requests_in_store_at_start": store.loaded,
+        "client_overhead_fraction": round(ledger["client_overhead_seconds"] / total, 4) if total > 0 else None,
+        "memo": target.memo() if target is not None else None,
+        "tolerance": TOLERANCE_NOTE if mode == "exact" else None,
+        "store": str(store.path) if out_dir is not None else None,
+    }
+    return dataclasses.replace(report, implementation=under_test.label, extra={**report.extra, "endpoint": endpoint})

@@ -1,0 +1,275 @@
+"""A small OpenAI-compatible completions server around the reference decoder, for audits over real HTTP.
+
+::
+
+    python -m specverify.endpoint.localserver --port 8000 [--no-speculation] [--mutant NAME] [--max-logprobs -1]
+
+Serves ``GET /v1/models`` and ``POST /v1/completions`` on 127.0.0.1 the way vLLM does for what
+an audit uses: token-id prompts, ``n``, ``max_tokens``, ``temperature``, ``top_k``, ``top_p``,
+``seed`` (``n`` samples of one request share one generator seeded ``seed``), ``return_token_ids``
+(``choices[i].token_ids``), ``prompt_logprobs`` (raw log-probabilities of the prompt tokens, the
+whole vocabulary for -1, capped at ``--max-logprobs`` like vLLM's flag, default 20).  The model is
+the reference's seeded tiny transformer pair (``specverify.cli.factories``: V = 64, seed 0):
+speculative decoding with its early-exit drafter (K = 4) by default, plain sampling of the target
+with ``--no-speculation``, or a catalogued decoder mutant (``specverify.mutants``) with
+``--mutant``.  ``--flaky N`` answers every N-th completion request with HTTP 503 (to exercise a
+client's retries).  The first line printed is ``serving http://127.0.0.1:PORT/v1 model NAME``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import torch
+
+from reference.decoder import SpeculativeDecoder
+from reference.direct import DirectSampler
+from reference.models import make_pair
+from reference.processors import SamplingConfig
+from specverify.core.errors import SpecVerifyError
+from specverify.mutants.decoder import make_decoder_mutant
+
+__all__ = ["CompletionServer", "make_server", "main"]
+
+
+class CompletionServer:
+    """The model behind the HTTP handler: decoders per sampling configuration, prompt logprobs."""
+
+    def __init__(
+        self,
+        *,
+        model_name: str = "tiny-reference",
+        vocab_size: int = 64,
+        seed: int = 0,
+        k: int = 4,
+        speculation: bool = True,
+        mutant: str | None = None,
+        max_logprobs: int = 20,
+        flaky: int = 0,
+    ):
+        self.model_name = model_name
+        self.target, self.drafter = make_pair(vocab_size=vocab_size, seed=seed)
+        self.vocab_size = vocab_size
+        self.k, self.speculation, self.mutant = k, speculation, mutant
+        self.max_logprobs = max_logprobs
+        self.flaky = flaky
+        self._decoders: dict[SamplingConfig, object] = {}
+        self._lock = threading.Lock()
+        self._count = 0
+
+    def describe(self) -> str:
+        what = (
+            f"mutant {self.mutant}"
+            if self.mutant
+            else (f"speculative K={self.k}" if self.speculation else "no speculation")
+        )
+        return f"{self.model_name} ({what}, V={self.vocab_size})"
+
+    def decoder(self, sampling: SamplingConfig):
+        with self._lock:
+            if sampling not in self._decoders:
+                made: object
+                if self.mutant:
+                    made = make_decoder_mutant(self.mutant, self.target, self.drafter, k=self.k, sampling=sampling)
+                elif self.speculation:
+                    made = SpeculativeDecoder(self.target, self.drafter, k=self.k, sampling=sampling)
+                else:
+                    made = DirectSampler(self.target, sampling)
+                self._decoders[sampling] = made
+            return self._decoders[sampling]
+
+    def should_fail(self) -> bool:
+        with self._lock:
+            self._count += 1
+            return bool(self.flaky) and self._count % self.flaky == 0
+
+    def complete(self, body: dict) -> dict:
+        """The reply to a completions request (raises _HttpError for a bad one)."""
+        if body.get("model") != self.model_name:
+            raise _HttpError(404, f"The model `{body.get('model')}` does not exist.")
+        prompt = body.get("prompt")
+        if (
+            not isinstance(prompt, list)
+            or not prompt
+            or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        ):
+            raise _HttpError(400, "this server takes prompts as a non-empty list of token ids")
+        if not all(0 <= t < self.vocab_size for t in prompt):
+            raise _HttpError(400, f"prompt token ids must be in [0, {self.vocab_size})")
+        n, max_tokens = _int(body, "n", 1, 1), _int(body, "max_tokens", 16, 1)
+        sampling = _sampling(body)
+        seed = body.get("seed")
+        seed = secrets.randbits(31) if seed is None else _int(body, "seed", 0, 0)
+        logprobs = body.get("prompt_logprobs")
+        if logprobs is not None:
+            wanted = self.vocab_size if logprobs == -1 else int(logprobs)
+            cap = self.vocab_size if self.max_logprobs == -1 else self.max_logprobs
+            if wanted > cap:
+                raise _HttpError(
+                    400, f"Requested prompt logprobs of {wanted}, which is greater than max allowed: {cap}"
+                )
+        tokens = self.decoder(sampling).generate(
+            torch.tensor(prompt), num_samples=n, max_new_tokens=max_tokens, seed=seed
+        )  # (n, max_tokens)
+        prompt_logprobs = None if logprobs is None else self.prompt_logprobs(prompt, logprobs)
+        choices = [
+            {
+                "index": i,
+                "text": " ".join(str(t) for t in row),
+                "token_ids": row if body.get("return_token_ids") else None,
+                "finish_reason": "length",
+                "prompt_logprobs": prompt_logprobs,
+            }
+            for i, row in enumerate(tokens.tolist())
+        ]
+        return {
+            "id": f"cmpl-{secrets.token_hex(8)}",
+            "object": "text_completion",
+            "model": self.model_name,
+            "choices": choices,
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": n * max_tokens},
+        }
+
+    def prompt_logprobs(self, prompt: list[int], top: int) -> list:
+        """vLLM's prompt_logprobs: None, then per token the raw logprobs of the top ``top`` tokens (-1: all) and the token's own."""
+        with torch.no_grad():
+            logits = self.target(torch.tensor([prompt]))[0, :-1].double()  # (S - 1, V)
+        logprobs = torch.log_softmax(logits, -1)
+        out: list = [None]
+        for i, row in enumerate(logprobs.tolist()):
+            order = sorted(range(len(row)), key=lambda t: (-row[t], t))
+            keep = order if top == -1 else order[:top]
+            ids = dict.fromkeys([*keep, prompt[i + 1]])
+            rank = {t: r + 1 for r, t in enumerate(order)}
+            out.append({str(t): {"logprob": row[t], "rank": rank[t], "decoded_token": str(t)} for t in ids})
+        return out
+
+
+class _HttpError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def _int(body: dict, name: str, default: int, minimum: int) -> int:
+    value = body.get(name, default)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _HttpError(400, f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _sampling(body: dict) -> SamplingConfig:
+    top_k = body.get("top_k")
+    top_p = body.get("top_p")
+    try:
+        return SamplingConfig(
+            temperature=float(body.get("temperature", 1.0)),
+            top_k=None if top_k in (None, 0, -1) else top_k,
+            top_p=None if top_p in (None, 1, 1.0) else float(top_p),
+        )
+    except (SpecVerifyError, TypeError, ValueError) as error:
+        raise _HttpError(400, str(error)) from None
+
+
+def _handler(server: CompletionServer):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format, *args):  # quiet: an audit sends thousands of requests
+            return
+
+        def _reply(self, status: int, payload: dict) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _error(self, status: int, message: str) -> None:
+            self._reply(status, {"error": {"message": message, "type": "invalid_request_error", "code": status}})
+
+        def do_GET(self):
+            if self.path.rstrip("/") == "/v1/models":
+                self._reply(200, {"object": "list", "data": [{"id": server.model_name, "object": "model"}]})
+            else:
+                self._error(404, f"no route {self.path}")
+
+        def do_POST(self):
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length)
+            if self.path.rstrip("/") != "/v1/completions":
+                self._error(404, f"no route {self.path}")
+                return
+            if server.should_fail():
+                self._error(503, "flaky by request (--flaky)")
+                return
+            try:
+                body = json.loads(raw)
+                if not isinstance(body, dict):
+                    raise ValueError
+            except ValueError:
+                self._error(400, "the request body is not a JSON object")
+                return
+            try:
+                self._reply(200, server.complete(body))
+            except _HttpError as error:
+                self._error(error.status, str(error))
+
+    return Handler
+
+
+def make_server(port: int = 0, **options) -> tuple[ThreadingHTTPServer, CompletionServer]:
+    """An HTTP server on 127.0.0.1:``port`` (0: a free port) and the model behind it (not yet serving)."""
+    model = CompletionServer(**options)
+    httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler(model))
+    httpd.daemon_threads = True
+    return httpd, model
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m specverify.endpoint.localserver", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--port", type=int, default=8000, help="0: a free port (printed)")
+    parser.add_argument("--model-name", default="tiny-reference")
+    parser.add_argument("--vocab-size", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0, help="the models' weights")
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--no-speculation", action="store_true")
+    parser.add_argument("--mutant", help="a decoder mutant of specverify.mutants (e.g. target_unprocessed)")
+    parser.add_argument("--max-logprobs", type=int, default=20, help="-1: the whole vocabulary (as vLLM's flag)")
+    parser.add_argument("--flaky", type=int, default=0, metavar="N", help="answer every N-th completion with 503")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    httpd, model = make_server(
+        args.port,
+        model_name=args.model_name,
+        vocab_size=args.vocab_size,
+        seed=args.seed,
+        k=args.k,
+        speculation=not args.no_speculation,
+        mutant=args.mutant,
+        max_logprobs=args.max_logprobs,
+        flaky=args.flaky,
+    )
+    host, port = str(httpd.server_address[0]), int(httpd.server_address[1])
+    print(f"serving http://{host}:{port}/v1 model {args.model_name}: {model.describe()}", flush=True)
+    try:
+        httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        httpd.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

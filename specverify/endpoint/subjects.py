@@ -1,0 +1,221 @@
+"""A served model as the decoder battery's subjects: a decoder that samples over HTTP, a target from logprobs.
+
+:class:`EndpointDecoder` is the decoder protocol (``generate(prompt, *, num_samples,
+max_new_tokens, seed)``) on top of a completions endpoint: ``num_samples`` continuations in
+requests of ``samples_per_request`` each, request ``j`` seeded ``seed + j * samples_per_request``
+(mod 2^31; vLLM seeds the ``n`` samples of a request ``seed + i``, so no two samples share a
+seed).  A call repeated with the same arguments -- the battery's determinism check -- is sent
+again, not answered from the store.
+
+:class:`EndpointTarget` is the target protocol (``next_token_probs``, ``conditionals``) from
+teacher-forcing requests (:func:`specverify.endpoint.api.teacher_forcing_body`), memoised over
+the prefix trie: the law after each distinct prefix is asked once.  The laws a batch of
+sequences needs are the nodes ``seq[:m]``; one request of ``seq[:S-1] + [0]`` returns the laws
+after all of its prefixes, so the requests are the distinct longest needed prefixes (taken in
+sorted order; each keeps only the laws no earlier request covered, which makes the store's
+contents a function of the samples).  The laws are the server's raw log-probabilities,
+processed with the audit's sampling parameters (:func:`specverify.endpoint.api.processed_laws`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import Counter
+
+import numpy as np
+import torch
+
+from specverify.core.errors import InvalidArgument
+from specverify.endpoint.api import (
+    Sampling,
+    completion_body,
+    continuations,
+    processed_laws,
+    prompt_logprob_rows,
+    teacher_forcing_body,
+)
+from specverify.endpoint.pool import Fetcher, Request
+
+__all__ = ["EndpointDecoder", "EndpointTarget", "SEED_MODULUS"]
+
+SEED_MODULUS = 2**31
+
+
+class EndpointDecoder:
+    """The decoder protocol over a completions endpoint (see the module docstring).
+
+    Parameters
+    ----------
+    fetcher : Fetcher
+    model : str
+        The served model's name.
+    sampling : Sampling
+    role : {"decoder", "reference"}
+        Which client of ``fetcher`` answers.
+    samples_per_request : int
+        Continuations per request (``n``).
+    seeded : bool
+        Send a seed with every request (the determinism check needs one).
+    vocab_size : int, optional
+    """
+
+    def __init__(
+        self,
+        fetcher: Fetcher,
+        model: str,
+        sampling: Sampling,
+        *,
+        role: str = "decoder",
+        samples_per_request: int = 1,
+        seeded: bool = True,
+        vocab_size: int | None = None,
+        label: str = "",
+    ):
+        if samples_per_request < 1:
+            raise InvalidArgument(f"samples_per_request must be >= 1, got {samples_per_request!r}")
+        self.fetcher, self.model, self.sampling, self.role = fetcher, model, sampling, role
+        self.samples_per_request = int(samples_per_request)
+        self.seeded = bool(seeded)
+        if vocab_size is not None:
+            self.vocab_size = int(vocab_size)
+        self.label = label or model
+        self._calls: Counter = Counter()
+
+    def __repr__(self) -> str:
+        return f"EndpointDecoder({self.label!r}, role={self.role!r})"
+
+    def generate(self, prompt, *, num_samples: int, max_new_tokens: int, seed: int) -> torch.Tensor:
+        """``num_samples`` continuations of ``prompt`` (T,) from the server: (num_samples, max_new_tokens) long."""
+        ids = [int(t) for t in torch.as_tensor(prompt).tolist()]
+        call = (tuple(ids), int(num_samples), int(max_new_tokens), int(seed))
+        occurrence = self._calls[call]
+        self._calls[call] += 1
+        n = self.samples_per_request
+        requests = []
+        for j in range(math.ceil(num_samples / n)):
+            size = min(n, num_samples - j * n)
+            request_seed = (int(seed) + j * n) % SEED_MODULUS if self.seeded else None
+            body = completion_body(
+                self.model, ids, n=size, max_tokens=max_new_tokens, sampling=self.sampling, seed=request_seed
+            )
+            requests.append(
+                Request(
+                    self.role,
+                    body,
+                    parse=_continuations_of(size, max_new_tokens),
+                    occurrence=occurrence,
+                    extra={} if self.seeded else {"index": j},
+                    tokens=size * max_new_tokens,
+                )
+            )
+        replies = self.fetcher.fetch(requests, what=f"{self.role} samples")
+        rows = [row for reply in replies for row in reply]
+        return torch.tensor(rows, dtype=torch.long).reshape(num_samples, max_new_tokens)
+
+
+def _continuations_of(n: int, max_tokens: int):
+    def parse(reply):
+        return continuations(reply, n=n, max_tokens=max_tokens)
+
+    return parse
+
+
+def _kept_rows(sequence: list[int], keep: list[int], vocab_size: int | None):
+    def parse(reply):
+        rows = prompt_logprob_rows(reply, sequence, vocab_size)  # (S - 1, V): row m - 1 is the law after seq[:m]
+        return [rows[m - 1].tolist() for m in keep]
+
+    return parse
+
+
+class EndpointTarget:
+    """The target protocol from a server's full-vocabulary prompt logprobs (see the module docstring).
+
+    Parameters
+    ----------
+    fetcher : Fetcher
+    model : str
+    sampling : Sampling
+        Applied to the raw logprobs: the law the sampler should draw from.
+    vocab_size : int, optional
+        Known V (every row must cover it); otherwise taken from the first reply.
+    role : str
+        Which client of ``fetcher`` answers (default ``"target"``).
+    """
+
+    def __init__(
+        self, fetcher: Fetcher, model: str, sampling: Sampling, *, vocab_size: int | None = None, role="target"
+    ):
+        self.fetcher, self.model, self.sampling, self.role = fetcher, model, sampling, role
+        self.vocab_size = vocab_size
+        self.raw: dict[tuple, np.ndarray] = {}  # prefix -> raw logprob row (V,)
+        self.requests = 0  # teacher-forcing requests planned (sent or from the store)
+        self.laws_asked = 0  # prefix laws the battery asked for (with repeats)
+
+    def _ensure(self, prefixes: list[tuple]) -> None:
+        """Make the raw law after every prefix in ``prefixes`` known, one request per longest new prefix."""
+        needed = sorted({p for p in prefixes if p not in self.raw})
+        if not needed:
+            return
+        wanted = set(needed)
+        longest = [p for p in needed if not _has_extension(p, needed)]
+        planned: set[tuple] = set()
+        requests, plans = [], []
+        for leaf in longest:
+            keep = [m for m in range(1, len(leaf) + 1) if leaf[:m] in wanted and leaf[:m] not in planned]
+            if not keep:
+                continue
+            planned.update(leaf[:m] for m in keep)
+            sequence = list(leaf) + [0]
+            requests.append(
+                Request(
+                    self.role,
+                    teacher_forcing_body(self.model, sequence),
+                    parse=_kept_rows(sequence, keep, self.vocab_size),
+                    extra={"keep": keep},
+                    tokens=len(sequence),
+                )
+            )
+            plans.append((leaf, keep))
+        self.requests += len(requests)
+        replies = self.fetcher.fetch(requests, what="target laws")
+        for (leaf, keep), rows in zip(plans, replies):
+            for m, row in zip(keep, rows):
+                self.raw[leaf[:m]] = np.asarray(row, dtype=np.float64)
+        if self.vocab_size is None:
+            self.vocab_size = len(next(iter(self.raw.values())))
+
+    def _laws(self, prefixes: list[tuple]) -> torch.Tensor:
+        self.laws_asked += len(prefixes)
+        self._ensure(prefixes)
+        raw = np.stack([self.raw[p] for p in prefixes])  # (B, V)
+        return processed_laws(raw, self.sampling)
+
+    def next_token_probs(self, prefix: torch.Tensor) -> torch.Tensor:
+        """The processed law after each row of ``prefix`` (B, T): (B, V) float64."""
+        rows = [tuple(int(t) for t in row) for row in torch.as_tensor(prefix).tolist()]
+        return self._laws(rows)
+
+    def conditionals(self, sequences: torch.Tensor, *, start: int) -> torch.Tensor:
+        """Teacher-forced processed laws of tokens ``start..S-1`` of ``sequences`` (B, S): (B, S - start, V)."""
+        seqs = [tuple(int(t) for t in row) for row in torch.as_tensor(sequences).tolist()]
+        S = len(seqs[0]) if seqs else start
+        prefixes = [row[:m] for row in seqs for m in range(start, S)]
+        laws = self._laws(prefixes)  # (B * (S - start), V)
+        return laws.reshape(len(seqs), S - start, -1)
+
+    def memo(self) -> dict:
+        """How much the prefix trie saved: distinct laws obtained, requests, laws asked for."""
+        return {
+            "distinct_prefix_laws": len(self.raw),
+            "teacher_forcing_requests": self.requests,
+            "laws_asked": self.laws_asked,
+            "laws_per_request": round(len(self.raw) / self.requests, 3) if self.requests else None,
+        }
+
+
+def _has_extension(prefix: tuple, sorted_prefixes: list[tuple]) -> bool:
+    """Whether a longer prefix in ``sorted_prefixes`` extends ``prefix`` (the next one in sorted order would)."""
+    i = bisect.bisect_right(sorted_prefixes, prefix)
+    return i < len(sorted_prefixes) and sorted_prefixes[i][: len(prefix)] == prefix
