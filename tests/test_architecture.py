@@ -36,7 +36,7 @@ ALLOWED: dict[str, set[str]] = {
     "mutants": {"core", "protocols", "stats", "reference", "verifier"},
     "adapters": {"core", "protocols", "stats", "reference", "verifier"},
     "report": {"core", "stats", "measure"},
-    "endpoint": {"core", "reference", "decoder", "mutants"},
+    "endpoint": {"core", "stats", "reference", "decoder", "mutants"},
     "selftest": {
         "core",
         "protocols",

@@ -59,6 +59,7 @@ SERVERS = {
     "capped": (),
     "flaky": ("--max-logprobs", "-1", "--flaky", "10"),
     "small_vocab": ("--max-logprobs", "-1", "--vocab-size", "32"),
+    "batch_dependent": ("--max-logprobs", "-1", "--batch-dependent"),
 }
 
 
@@ -180,6 +181,26 @@ def test_retries_carry_an_audit_through_a_flaky_server(servers, tmp_path):
     report = check_endpoint(servers["flaky"].url, "tiny-reference", out_dir=tmp_path, **{**SMALL, "num_samples": 200})
     assert report.verdict == "pass"
     assert report.extra["endpoint"]["retried"] > 0
+
+
+def test_batch_invariance_holds_on_the_reference_server(servers, tmp_path):
+    report = check_endpoint(servers["speculative"].url, "tiny-reference", out_dir=tmp_path, batch_invariance=100,
+                            **{**SMALL, "num_samples": 300})  # fmt: skip
+    assert report.verdict == "pass", report.summary()
+    tests = [r for r in report.results if r.scenario == "batch_invariance"]
+    assert tests and all(r.grade == "pass" for r in tests)
+    summary = report.extra["endpoint"]["batch_invariance"]
+    assert summary["seeded_rows_changed_among_neighbours"] == 0 and summary["seeded_rows_resent"] == 100
+
+
+@pytest.mark.slow
+def test_a_batch_dependent_server_fails_batch_invariance(servers, tmp_path):
+    """Requests handled while another is in flight lose their temperature: alone and crowded laws differ."""
+    report = check_endpoint(servers["batch_dependent"].url, "tiny-reference", out_dir=tmp_path, temperature=0.7,
+                            batch_invariance=400, **{**SMALL, "num_samples": 300})  # fmt: skip
+    assert report.verdict == "fail"
+    assert any(r.grade == "fail" for r in report.results if r.scenario == "batch_invariance")
+    assert report.extra["endpoint"]["batch_invariance"]["seeded_rows_changed_among_neighbours"] > 0
 
 
 # ----------------------------------------------------------------------------------- clear errors
@@ -327,3 +348,28 @@ def test_the_prefix_trie_asks_each_law_once():
     target.conditionals(sequences, start=2)
     assert len(fetcher.sequences) == 2  # memoised
     assert target.memo()["distinct_prefix_laws"] == 3
+
+
+def test_endpoint_flags_conflict_with_in_process_audits(capsys, tmp_path):
+    err = _cli_error(capsys, "--endpoint", "http://127.0.0.1:9", "--model", "m", "--verifier", "reference.rules:verify",
+                     "--out", str(tmp_path))  # fmt: skip
+    assert "does not take --verifier" in err
+    err = _cli_error(capsys, "--endpoint", "http://127.0.0.1:9", "--out", str(tmp_path))
+    assert "needs --model" in err
+    err = _cli_error(capsys, "--endpoint", "http://127.0.0.1:9", "--model", "m", "--two-sample", "--out", str(tmp_path))
+    assert "needs --reference-endpoint" in err
+
+
+def test_the_recorded_command_reruns_the_audit(reference_audit, tmp_path, servers, capsys):
+    """From Python the report records a check_endpoint snippet; from the CLI the canonical command line."""
+    from specverify.cli.commands import parse_command
+
+    report, _ = reference_audit
+    assert "check_endpoint(" in report.command and "num_samples=600" in report.command
+    status = main(["audit", "--endpoint", servers["speculative"].url, "--model", "tiny-reference", *SMALL_ARGS,
+                   "--num-samples", "200", "--out", str(tmp_path), "--no-plots", "--json"])  # fmt: skip
+    assert status == 0
+    command = json.loads(capsys.readouterr().out)["command"]
+    assert command.startswith("specverify audit --endpoint ")
+    args = parse_command(command)
+    assert args.model == "tiny-reference" and args.num_samples == 200

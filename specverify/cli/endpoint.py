@@ -56,6 +56,13 @@ def add_arguments(audit) -> None:
     )
     group.add_argument("--request-timeout", type=nonnegative_float, default=120.0, metavar="S")
     group.add_argument("--retries", type=positive_int, default=6, help="retries of a transient failure (429, 5xx)")
+    group.add_argument(
+        "--batch-invariance",
+        type=positive_int,
+        metavar="M",
+        help="also send M continuations of the first prompt alone and M among concurrent requests, and test that "
+        "their laws agree (default: off)",
+    )
 
 
 def _check(args) -> None:
@@ -91,6 +98,8 @@ def endpoint_argv(args) -> list[str]:
             argv += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     if args.samples_per_request != 1:
         argv += ["--samples-per-request", str(args.samples_per_request)]
+    if args.batch_invariance:
+        argv += ["--batch-invariance", str(args.batch_invariance)]
     if args.api_key_env != "SPECVERIFY_API_KEY":
         argv += ["--api-key-env", args.api_key_env]
     argv += ["--tier", args.tier, "--seed", str(args.seed), "--alpha", f"{args.alpha:g}"]
@@ -129,6 +138,7 @@ def run_endpoint_audit(args, *, stream=None):
         key_env=args.api_key_env,
         timeout=args.request_timeout,
         retries=args.retries,
+        batch_invariance=args.batch_invariance or 0,
         progress=TerminalProgress(stream),
         announce=lambda line: print(line, file=stream, flush=True),
     )

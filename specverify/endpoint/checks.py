@@ -27,11 +27,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from specverify import stats
 from specverify.core.errors import InvalidArgument
+from specverify.core.repro import python_repro
 from specverify.core.validation import check_int
 from specverify.decoder.battery import TIER_PLANS, check_decoder
+from specverify.decoder.conditionals import ExactPlan
 from specverify.endpoint.api import Sampling, completion_body, continuations, prompt_logprob_rows, teacher_forcing_body
 from specverify.endpoint.http import DEFAULT_KEY_ENV, EndpointError, HttpClient
+from specverify.endpoint.invariance import SCENARIO as INVARIANCE_SCENARIO
+from specverify.endpoint.invariance import batch_invariance as batch_invariance_tests
 from specverify.endpoint.pool import Fetcher
 from specverify.endpoint.store import SampleStore
 from specverify.endpoint.subjects import EndpointDecoder, EndpointTarget
@@ -59,11 +64,14 @@ class EndpointPlan:
     reference_requests: int
     teacher_forcing_requests: int  # an upper bound: distinct prefixes are fewer
     tokens: int
+    invariance_requests: int = 0
 
     def summary(self) -> str:
         parts = [f"{self.sampling_requests:,} sampling requests"]
         if self.reference_requests:
             parts.append(f"{self.reference_requests:,} reference sampling requests")
+        if self.invariance_requests:
+            parts.append(f"{self.invariance_requests:,} batch-invariance requests")
         if self.teacher_forcing_requests:
             parts.append(
                 f"at most {self.teacher_forcing_requests:,} teacher-forcing requests (one per distinct prefix)"
@@ -75,7 +83,7 @@ class EndpointPlan:
 
 
 def plan_requests(*, tier: str, mode: str, num_prompts: int, num_samples: int | None, max_new_tokens: int | None,
-                  samples_per_request: int) -> EndpointPlan:  # fmt: skip
+                  samples_per_request: int, batch_invariance: int = 0) -> EndpointPlan:  # fmt: skip
     """Requests and tokens an audit of ``tier`` sends at most (the store's replies are not sent again)."""
     plan = TIER_PLANS[tier]
     N = num_samples or plan.num_samples
@@ -90,7 +98,10 @@ def plan_requests(*, tier: str, mode: str, num_prompts: int, num_samples: int | 
     tokens = num_prompts * (N + 2 * plan.determinism_samples) * L
     if mode == "two_sample":
         tokens += num_prompts * plan.reference_factor * N * L
-    return EndpointPlan(num_prompts, N, L, num_prompts * per, reference, teacher, tokens)
+    # batch invariance: M alone, M in a crowd, the M alone seeds again, 2 M distractors of 4 samples
+    invariance = 5 * batch_invariance
+    tokens += (3 * batch_invariance + 8 * batch_invariance) * L
+    return EndpointPlan(num_prompts, N, L, num_prompts * per, reference, teacher, tokens, invariance)
 
 
 def _served_models(client: HttpClient) -> list[str] | None:
@@ -202,6 +213,29 @@ def _describe(under_test: _Served, ref: _Served | None, mode: str, sampling: Sam
     }
 
 
+def _with_batch_invariance(report, fetcher, model, sampling, samples, *, tier, seed, alpha, vocab):
+    """The report with the batch-invariance tests added to its results and graded with them."""
+    prompts = [list(s["prompt"]) for s in report.scenarios]
+    plan = TIER_PLANS[tier]
+    exact_plan = ExactPlan(max_nodes=plan.max_nodes, min_node_visits=plan.min_node_visits, alpha=alpha)
+    L = int(report.scenarios[0]["max_new_tokens"])
+    results, summary = batch_invariance_tests(fetcher, model, sampling, prompts[0], prompts[1:], samples=samples,
+                                              max_new_tokens=L, seed=seed, vocab_size=vocab, plan=exact_plan)  # fmt: skip
+    ungraded = [r.replace(grade=None, adjusted_pvalue=None) for r in report.results] + results
+    graded, verdict = stats.grade_run(ungraded, report.errors, alpha=alpha)
+    scenario = {
+        "name": INVARIANCE_SCENARIO,
+        "mode": "two_sample",
+        "n": samples,
+        "max_new_tokens": L,
+        "prompt": prompts[0],
+        "description": f"{samples} continuations sent one at a time vs {samples} among concurrent requests",
+    }
+    return dataclasses.replace(
+        report, results=graded, verdict=verdict, scenarios=(*report.scenarios, scenario)
+    ), summary
+
+
 def check_endpoint(
     url: str,
     model: str,
@@ -225,6 +259,7 @@ def check_endpoint(
     timeout: float = 120.0,
     retries: int = 6,
     verify_tls: bool = True,
+    batch_invariance: int = 0,
     progress=None,
     announce=None,
 ):
@@ -255,6 +290,10 @@ def check_endpoint(
     key_env : str
         Environment variable holding the API key (never recorded).
     timeout, retries, verify_tls : the HTTP client's (see :class:`~specverify.endpoint.http.HttpClient`).
+    batch_invariance : int
+        When > 0: this many continuations of the first prompt sent alone and as many in a crowd of
+        concurrent requests, compared with two-sample tests under the run's error budget
+        (:mod:`specverify.endpoint.invariance`); 0 (default): not checked.
     progress : callable, optional
         ``progress(done, total, tokens, elapsed, what)`` as replies arrive.
     announce : callable, optional
@@ -296,7 +335,8 @@ def check_endpoint(
 
     n_prompts = len(prompt_lists) if prompt_lists else TIER_PLANS[tier].num_prompts
     plan = plan_requests(tier=tier, mode=mode, num_prompts=n_prompts, num_samples=num_samples,
-                         max_new_tokens=max_new_tokens, samples_per_request=samples_per_request)  # fmt: skip
+                         max_new_tokens=max_new_tokens, samples_per_request=samples_per_request,
+                         batch_invariance=batch_invariance)  # fmt: skip
     if announce is not None:
         announce(plan.summary())
     header = {
@@ -333,6 +373,11 @@ def check_endpoint(
             num_samples=num_samples,
             max_new_tokens=max_new_tokens,
         )
+        invariance = None
+        if batch_invariance and report.verdict != "error":
+            report, invariance = _with_batch_invariance(
+                report, fetcher, model, sampling, batch_invariance, tier=tier, seed=seed, alpha=alpha, vocab=vocab
+            )
     finally:
         if scratch is not None:
             scratch.cleanup()
@@ -345,7 +390,18 @@ def check_endpoint(
         "requests_in_store_at_start": store.loaded,
         "client_overhead_fraction": round(ledger["client_overhead_seconds"] / total, 4) if total > 0 else None,
         "memo": target.memo() if target is not None else None,
+        "batch_invariance": invariance,
         "tolerance": TOLERANCE_NOTE if mode == "exact" else None,
         "store": str(store.path) if out_dir is not None else None,
     }
-    return dataclasses.replace(report, implementation=under_test.label, extra={**report.extra, "endpoint": endpoint})
+    command = python_repro(
+        "specverify.endpoint:check_endpoint",
+        {"url": url, "model": model},
+        dict(reference_url=reference_url, reference_model=reference_model, two_sample=two_sample or None,
+             temperature=temperature, top_k=top_k, top_p=top_p, prompts=prompts, tier=tier, seed=seed, alpha=alpha,
+             num_samples=num_samples, max_new_tokens=max_new_tokens, samples_per_request=samples_per_request,
+             batch_invariance=batch_invariance or None),
+    )  # fmt: skip
+    return dataclasses.replace(
+        report, implementation=under_test.label, command=command, extra={**report.extra, "endpoint": endpoint}
+    )

@@ -13,12 +13,14 @@ the reference's seeded tiny transformer pair (``specverify.cli.factories``: V = 
 speculative decoding with its early-exit drafter (K = 4) by default, plain sampling of the target
 with ``--no-speculation``, or a catalogued decoder mutant (``specverify.mutants``) with
 ``--mutant``.  ``--flaky N`` answers every N-th completion request with HTTP 503 (to exercise a
-client's retries).  The first line printed is ``serving http://127.0.0.1:PORT/v1 model NAME``.
+client's retries); ``--batch-dependent`` plants a batch-composition fault (a request handled
+while another is in flight is sampled at temperature 1).  The first line printed is ``serving http://127.0.0.1:PORT/v1 model NAME``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import secrets
 import sys
@@ -51,6 +53,7 @@ class CompletionServer:
         mutant: str | None = None,
         max_logprobs: int = 20,
         flaky: int = 0,
+        batch_dependent: bool = False,
     ):
         self.model_name = model_name
         self.target, self.drafter = make_pair(vocab_size=vocab_size, seed=seed)
@@ -58,6 +61,8 @@ class CompletionServer:
         self.k, self.speculation, self.mutant = k, speculation, mutant
         self.max_logprobs = max_logprobs
         self.flaky = flaky
+        self.batch_dependent = batch_dependent
+        self.in_flight = 0
         self._decoders: dict[SamplingConfig, object] = {}
         self._lock = threading.Lock()
         self._count = 0
@@ -113,9 +118,18 @@ class CompletionServer:
                 raise _HttpError(
                     400, f"Requested prompt logprobs of {wanted}, which is greater than max allowed: {cap}"
                 )
-        tokens = self.decoder(sampling).generate(
-            torch.tensor(prompt), num_samples=n, max_new_tokens=max_tokens, seed=seed
-        )  # (n, max_tokens)
+        with self._lock:
+            self.in_flight += 1
+            crowded = self.in_flight > 1
+        try:
+            if crowded and self.batch_dependent:  # the planted fault: batched requests lose their temperature
+                sampling = dataclasses.replace(sampling, temperature=1.0)
+            tokens = self.decoder(sampling).generate(
+                torch.tensor(prompt), num_samples=n, max_new_tokens=max_tokens, seed=seed
+            )  # (n, max_tokens)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
         prompt_logprobs = None if logprobs is None else self.prompt_logprobs(prompt, logprobs)
         choices = [
             {
@@ -247,6 +261,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mutant", help="a decoder mutant of specverify.mutants (e.g. target_unprocessed)")
     parser.add_argument("--max-logprobs", type=int, default=20, help="-1: the whole vocabulary (as vLLM's flag)")
     parser.add_argument("--flaky", type=int, default=0, metavar="N", help="answer every N-th completion with 503")
+    parser.add_argument(
+        "--batch-dependent",
+        action="store_true",
+        help="a planted fault: a request handled while another is in flight is sampled at temperature 1",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     httpd, model = make_server(
@@ -259,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         mutant=args.mutant,
         max_logprobs=args.max_logprobs,
         flaky=args.flaky,
+        batch_dependent=args.batch_dependent,
     )
     host, port = str(httpd.server_address[0]), int(httpd.server_address[1])
     print(f"serving http://{host}:{port}/v1 model {args.model_name}: {model.describe()}", flush=True)

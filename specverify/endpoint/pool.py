@@ -127,14 +127,17 @@ class Fetcher:
         self.progress = progress
         self.ledger = Ledger()
 
-    def fetch(self, requests: list[Request], what: str = "requests") -> list:
-        """The parsed replies of ``requests``, in order (stored ones from the store)."""
+    def fetch(self, requests: list[Request], what: str = "requests", *, concurrency: int | None = None) -> list:
+        """The parsed replies of ``requests``, in order (stored ones from the store).
+
+        ``concurrency`` overrides the fetcher's for this batch (1: one request in flight at a time).
+        """
         started = time.perf_counter()
         try:
             pending = {r.key: r for r in requests if r.key not in self.store}
             self.ledger.from_store += len(requests) - len(pending)
             if pending:
-                asyncio.run(self._send(list(pending.values()), what))
+                asyncio.run(self._send(list(pending.values()), what, concurrency or self.concurrency))
             return [self.store.get(r.key) for r in requests]
         finally:
             self.ledger.wall_seconds += time.perf_counter() - started
@@ -142,9 +145,9 @@ class Fetcher:
                 getattr(c, "retried", 0) for c in {id(c): c for c in self.clients.values()}.values()
             )
 
-    async def _send(self, pending: list[Request], what: str) -> None:
+    async def _send(self, pending: list[Request], what: str, concurrency: int) -> None:
         loop = asyncio.get_running_loop()
-        semaphore = asyncio.Semaphore(self.concurrency)
+        semaphore = asyncio.Semaphore(concurrency)
         in_flight = 0
         busy_since = 0.0
         done = tokens = 0
@@ -171,7 +174,7 @@ class Fetcher:
             if self.progress is not None:
                 self.progress(done, len(pending), tokens, time.perf_counter() - t0, what)
 
-        with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="specverify-http") as pool:
+        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="specverify-http") as pool:
             tasks = [asyncio.ensure_future(one(r)) for r in pending]
             try:
                 await asyncio.gather(*tasks)

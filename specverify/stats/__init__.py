@@ -3,7 +3,7 @@ acceptance and independence tests, power statements, the run's error budget and
 anytime-valid e-processes.  Every test returns a :class:`specverify.core.results.TestResult`.
 
 Modules: :mod:`.binning` (bins fixed from p and N), :mod:`.gof` (Cressie-Read GOF,
-support), :mod:`.sparse` (the most extreme token; ``gof_pair`` runs both), :mod:`.twosample`, :mod:`.directed` (PIT, scores, acceptance),
+support), :mod:`.sparse` (the most extreme token; ``gof_pair`` runs both), :mod:`.twosample`, :mod:`.mmd` (the MMD peer, Hamming kernel), :mod:`.directed` (PIT, scores, acceptance),
 :mod:`.independence` (collisions), :mod:`.power` (detectable TV), :mod:`.budget`
 (weighted Holm, grades), :mod:`.eprocess`.  See docs/design.md.
 """
@@ -15,6 +15,7 @@ from .directed import acceptance_test, entropy_scores, pit_test, randomised_pit,
 from .eprocess import DEFAULT_LOG10_C, CategoricalEProcess, sequential_gof
 from .gof import gof_test, support_test
 from .independence import collision_moments, collision_test
+from .mmd import mmd_hamming, mmd_hamming_test
 from .power import min_detectable_tv, noncentrality_needed, samples_needed
 from .sparse import gof_pair, sparse_test
 from .twosample import two_sample_test
@@ -29,6 +30,8 @@ __all__ = [
     "gof_pair",
     "sparse_test",
     "two_sample_test",
+    "mmd_hamming",
+    "mmd_hamming_test",
     "randomised_pit",
     "pit_test",
     "entropy_scores",
