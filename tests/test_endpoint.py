@@ -373,3 +373,23 @@ def test_the_recorded_command_reruns_the_audit(reference_audit, tmp_path, server
     assert command.startswith("specverify audit --endpoint ")
     args = parse_command(command)
     assert args.model == "tiny-reference" and args.num_samples == 200
+
+
+@pytest.mark.parametrize(
+    "server, extra, status", [("speculative", "", 0), ("target_unprocessed", " --temperature 0.7", 1)]
+)
+def test_the_pytest_plugin_audits_an_endpoint(servers, tmp_path, server, extra, status):
+    """``pytest --specverify-endpoint URL --specverify-model NAME``: one item, pass or fail with the battery."""
+    (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
+    args = "--num-samples 300 --max-new-tokens 4 --samples-per-request 50" + extra
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", "--specverify-endpoint",
+         servers[server].url, "--specverify-model", "tiny-reference", "--specverify-endpoint-args", args,
+         "--specverify-report", str(tmp_path / "report")],
+        cwd=tmp_path, capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode == status, out.stdout[-3000:] + out.stderr[-2000:]
+    word = "PASSED" if status == 0 else "FAILED"
+    assert f"{word} specverify[endpoint]" in out.stdout
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["command"].startswith("specverify audit --endpoint ")

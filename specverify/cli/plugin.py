@@ -47,7 +47,7 @@ from specverify.core.results import error_groups, is_error_record
 __all__ = ["SuspiciousResultWarning", "SpecverifyItem"]
 
 MARKER = "specverify"
-PROTOCOL, WHOLE = "protocol", "battery"  # item names specverify[protocol], specverify[battery]
+PROTOCOL, WHOLE, ENDPOINT = "protocol", "battery", "endpoint"  # specverify[protocol], [battery], [endpoint]
 MAX_SHOWN = 8  # failing tests spelled out per item
 
 
@@ -142,6 +142,8 @@ def _scenario_names(state: State) -> list[str]:
     import importlib
 
     s = state.settings
+    if s.endpoint:
+        return [ENDPOINT]
     try:
         battery = importlib.import_module(s.battery)
         state.check_verifier = battery.check_verifier
@@ -168,7 +170,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     new = []
     for suffix in [PROTOCOL, *_scenario_names(state)]:
         name = f"{MARKER}[{suffix}]"
-        scenario = None if suffix == PROTOCOL else ("*" if suffix == WHOLE and not state.scenarios else suffix)
+        whole = suffix == ENDPOINT or (suffix == WHOLE and not state.scenarios)
+        scenario = None if suffix == PROTOCOL else ("*" if whole else suffix)
         new.append(SpecverifyItem.from_parent(session, name=name, nodeid=name, scenario=scenario))
     if state.settings.skips:
         for action, pattern, reason, number in read_skips(config, state.settings.skips):
@@ -253,6 +256,9 @@ def _run(session: pytest.Session, state: State) -> Outcome:
         if state.collect_error:
             outcome.error = state.collect_error
             return outcome
+        if s.endpoint:
+            outcome.report = _run_endpoint(s)
+            return outcome
         verify = _load_verify(s.impl)
         kwargs: dict[str, Any] = dict(tier=s.tier, seed=s.seed, alpha=s.alpha, progress=_progress(session.config))
         kwargs.update({"greedy": True} if s.greedy else {})
@@ -295,6 +301,24 @@ def _run(session: pytest.Session, state: State) -> Outcome:
     return outcome
 
 
+def _run_endpoint(s: Settings):
+    """The endpoint audit of the settings, through the CLI's own parser and runner (writes ``--out`` if given)."""
+    import io
+
+    from specverify.cli.commands import build_parser
+    from specverify.cli.endpoint import run_endpoint_audit
+
+    args = build_parser().parse_args(s.endpoint_argv())
+    report = run_endpoint_audit(args, stream=io.StringIO())
+    if s.report:
+        from pathlib import Path
+
+        from specverify.report import write_report
+
+        write_report(report, Path(s.report))
+    return report
+
+
 # ----------------------------------------------------------------------------- messages
 
 
@@ -325,7 +349,8 @@ class SpecverifyItem(pytest.Item):
     def runtest(self) -> None:
         state = _state(self.config)
         outcome, s = _run(self.session, state), state.settings
-        head = f"verifier {s.impl} (tier={s.tier}, seed={s.seed}, alpha={s.alpha:g})"
+        subject = f"endpoint {s.impl} (model {s.model})" if s.endpoint else f"verifier {s.impl}"
+        head = f"{subject} (tier={s.tier}, seed={s.seed}, alpha={s.alpha:g})"
         if outcome.error is not None:
             what = "could not run" if self.scenario is None else f"{self.what} not tested: the battery could not run"
             raise SpecverifyFailure(f"{head}: {what}\n{outcome.error}\n{self._repro(s)}")

@@ -45,6 +45,17 @@ OPTIONS = {
         f"verify_tree(target_probs, draft_probs, tokens, parents, *, mode, generator) to test with the tree "
         f"battery ({TREE_BATTERY})",
     ),
+    "endpoint": (
+        None,
+        "URL",
+        "an OpenAI-compatible server to audit over HTTP with the decoder battery (as specverify audit --endpoint)",
+    ),
+    "model": (None, "NAME", "the served model's name (with --specverify-endpoint)"),
+    "endpoint_args": (
+        None,
+        "ARGS",
+        "more 'specverify audit --endpoint' arguments as one string, e.g. '--temperature 0.7 --num-samples 2000'",
+    ),
     "tier": ("smoke", "TIER", "battery tier: smoke | standard | deep (default smoke)"),
     "seed": ("0", "N", "root seed of the run (default 0)"),
     "alpha": ("1e-3", "A", "family-wise false-alarm rate of the selected scenarios together (default 1e-3)"),
@@ -95,6 +106,18 @@ class Settings:
     dtype: str | None = None
     workers: int = 1
     backend: str | None = None
+    model: str | None = None  # set: ``impl`` is an endpoint URL audited over HTTP
+    endpoint_args: str = ""
+
+    @property
+    def endpoint(self) -> bool:
+        return self.model is not None
+
+    def endpoint_argv(self) -> list[str]:
+        """The ``specverify audit`` arguments of an endpoint run (``--out`` the report directory, if any)."""
+        argv = ["audit", "--endpoint", self.impl, "--model", str(self.model), *shlex.split(self.endpoint_args)]
+        argv += ["--tier", self.tier, "--seed", str(self.seed), "--alpha", f"{self.alpha:g}"]
+        return argv + (["--out", self.report] if self.report else [])
 
     def audit_command(self, scenarios=None) -> str:
         """The ``specverify audit`` line of the same run (``scenarios``: the subset that ran, if not all).
@@ -102,6 +125,11 @@ class Settings:
         Built by the CLI's own :func:`specverify.cli.audit.audit_command`, so it parses with the
         CLI's parser and reruns the same battery (the battery module must be the default one).
         """
+        if self.endpoint:
+            from specverify.cli.commands import build_parser
+            from specverify.cli.endpoint import endpoint_command
+
+            return endpoint_command(build_parser().parse_args(self.endpoint_argv()))
         from specverify.cli.audit import audit_command
 
         args = SimpleNamespace(
@@ -122,6 +150,17 @@ class Settings:
         return audit_command(args)
 
     def pytest_command(self, item_name: str) -> str:
+        if self.endpoint:
+            parts = [
+                "pytest --specverify-endpoint",
+                shlex.quote(self.impl),
+                "--specverify-model",
+                shlex.quote(str(self.model)),
+            ]
+            parts += ["--specverify-endpoint-args", shlex.quote(self.endpoint_args)] if self.endpoint_args else []
+            parts += ["--specverify-tier", self.tier, "--specverify-seed", str(self.seed)]
+            parts += ["--specverify-alpha", f"{self.alpha:g}"] if self.alpha != 1e-3 else []
+            return " ".join(parts + ["-k", shlex.quote(item_name)])
         parts = [
             "pytest --specverify-tree-impl" if self.tree else "pytest --specverify-impl",
             shlex.quote(self.impl),
@@ -164,11 +203,15 @@ def _number(config: pytest.Config, dest: str, kind, valid, what: str):
 
 def read_settings(config: pytest.Config) -> Settings | None:
     """The run's settings, or None when no implementation is named (the plugin stays inert)."""
-    impl, tree_impl = _raw(config, "impl"), _raw(config, "tree_impl")
-    if impl and tree_impl:
-        raise pytest.UsageError("give --specverify-impl (a chain verifier) or --specverify-tree-impl, not both")
-    if not (impl or tree_impl):
+    impl, tree_impl, endpoint = _raw(config, "impl"), _raw(config, "tree_impl"), _raw(config, "endpoint")
+    if sum(bool(x) for x in (impl, tree_impl, endpoint)) > 1:
+        raise pytest.UsageError(
+            "give one of --specverify-impl (a chain verifier), --specverify-tree-impl or --specverify-endpoint"
+        )
+    if not (impl or tree_impl or endpoint):
         return None
+    if endpoint:
+        return _endpoint_settings(config, str(endpoint))
     battery = str(_raw(config, "battery"))
     if tree_impl and battery == DEFAULT_BATTERY:
         battery = TREE_BATTERY
@@ -199,6 +242,41 @@ def read_settings(config: pytest.Config) -> Settings | None:
         workers=_number(config, "workers", int, lambda x: x >= 1, "a positive integer"),
         backend=_backend(_raw(config, "backend")),
     )
+
+
+def _endpoint_settings(config: pytest.Config, endpoint: str) -> Settings:
+    """Settings of an endpoint run; its arguments are checked by the CLI's own parser."""
+    model = _raw(config, "model")
+    if not model:
+        raise pytest.UsageError("--specverify-endpoint needs --specverify-model NAME (the served model's name)")
+    tier = str(_raw(config, "tier"))
+    if tier not in TIERS:
+        raise pytest.UsageError(f"--specverify-tier must be one of {', '.join(TIERS)}, got {tier!r}")
+    settings = Settings(
+        impl=endpoint,
+        tier=tier,
+        seed=_number(config, "seed", int, lambda x: x >= 0, "a non-negative integer"),
+        alpha=_number(config, "alpha", float, lambda x: 0.0 < x < 1.0, "a number in (0, 1)"),
+        greedy=False,
+        skips=_raw(config, "skips"),
+        report=_raw(config, "report"),
+        battery="specverify.endpoint",
+        model=str(model),
+        endpoint_args=str(_raw(config, "endpoint_args") or ""),
+    )
+    import contextlib
+    import io
+
+    from specverify.cli.commands import build_parser
+
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            build_parser().parse_args(settings.endpoint_argv())
+    except SystemExit:
+        message = stderr.getvalue().strip().splitlines()[-1:] or ["invalid arguments"]
+        raise pytest.UsageError(f"--specverify-endpoint-args {settings.endpoint_args!r}: {message[0]}") from None
+    return settings
 
 
 def _backend(value) -> str | None:
