@@ -472,7 +472,17 @@ def test_tree_impl_runs_the_tree_battery(pytester):
 def test_tree_impl_and_impl_are_exclusive(pytester):
     result = pytester.runpytest("--specverify-tree-impl", "a.b:c", "--specverify-impl", "a.b:d")
     assert result.ret != 0
-    assert "not both" in result.stderr.str()
+    assert "give one of --specverify-impl" in result.stderr.str()
+    result = pytester.runpytest("--specverify-endpoint", "http://127.0.0.1:9", "--specverify-impl", "a.b:d")
+    assert result.ret != 0 and "give one of" in result.stderr.str()
+
+
+def test_an_endpoint_needs_a_model_and_valid_arguments(pytester):
+    result = pytester.runpytest("--specverify-endpoint", "http://127.0.0.1:9")
+    assert result.ret != 0 and "needs --specverify-model" in result.stderr.str()
+    result = pytester.runpytest("--specverify-endpoint", "http://127.0.0.1:9", "--specverify-model", "m",
+                                "--specverify-endpoint-args", "--temperature -1")  # fmt: skip
+    assert result.ret != 0 and "--specverify-endpoint-args" in result.stderr.str()
 
 
 def test_device_and_dtype_options(fake):
