@@ -393,3 +393,12 @@ def test_the_pytest_plugin_audits_an_endpoint(servers, tmp_path, server, extra, 
     assert f"{word} specverify[endpoint]" in out.stdout
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["command"].startswith("specverify audit --endpoint ")
+
+
+def test_skip_determinism_answers_the_repeat_from_the_store(servers, tmp_path):
+    report = check_endpoint(servers["speculative"].url, "tiny-reference", out_dir=tmp_path, check_determinism=False,
+                            **{**SMALL, "num_samples": 200})  # fmt: skip
+    endpoint = report.extra["endpoint"]
+    assert report.verdict == "pass" and endpoint["determinism"].startswith("not checked")
+    assert endpoint["requests_from_store"] >= 2  # one repeated determinism call per prompt, never sent
+    assert "check_determinism=False" in report.command

@@ -100,6 +100,8 @@ def _rerun_isolated(command: str) -> Report:
 def test_committed_report_reruns_from_its_recorded_command(path):
     folder = path.relative_to(REPORTS).parts[0]
     recorded = load_report(path)
+    if " --endpoint " in recorded.command:  # the audit of a server: its generator starts the server and reruns it
+        pytest.skip("an endpoint audit reruns with its server: python -m tools.reports.vllm_served")
     if folder not in ENGINES:
         _same_statistics(recorded, _rerun(recorded.command))
         return

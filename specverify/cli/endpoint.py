@@ -57,6 +57,12 @@ def add_arguments(audit) -> None:
     group.add_argument("--request-timeout", type=nonnegative_float, default=120.0, metavar="S")
     group.add_argument("--retries", type=positive_int, default=6, help="retries of a transient failure (429, 5xx)")
     group.add_argument(
+        "--skip-determinism",
+        action="store_true",
+        help="do not resend a seeded call to check it reproduces: test the law of a server whose seeded outputs "
+        "vary (the report says so)",
+    )
+    group.add_argument(
         "--batch-invariance",
         type=positive_int,
         metavar="M",
@@ -100,6 +106,8 @@ def endpoint_argv(args) -> list[str]:
         argv += ["--samples-per-request", str(args.samples_per_request)]
     if args.batch_invariance:
         argv += ["--batch-invariance", str(args.batch_invariance)]
+    if args.skip_determinism:
+        argv.append("--skip-determinism")
     if args.api_key_env != "SPECVERIFY_API_KEY":
         argv += ["--api-key-env", args.api_key_env]
     argv += ["--tier", args.tier, "--seed", str(args.seed), "--alpha", f"{args.alpha:g}"]
@@ -139,6 +147,7 @@ def run_endpoint_audit(args, *, stream=None):
         timeout=args.request_timeout,
         retries=args.retries,
         batch_invariance=args.batch_invariance or 0,
+        check_determinism=not args.skip_determinism,
         progress=TerminalProgress(stream),
         announce=lambda line: print(line, file=stream, flush=True),
     )

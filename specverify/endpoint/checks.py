@@ -106,7 +106,7 @@ def plan_requests(*, tier: str, mode: str, num_prompts: int, num_samples: int | 
 
 def _served_models(client: HttpClient) -> list[str] | None:
     try:
-        reply = client.get("models")
+        reply = client.get("models", retries=min(client.retries, 2))  # first contact: fail fast
     except EndpointError as error:
         if error.status == 404:
             return None  # no model listing: the completion probe will say
@@ -260,6 +260,7 @@ def check_endpoint(
     retries: int = 6,
     verify_tls: bool = True,
     batch_invariance: int = 0,
+    check_determinism: bool = True,
     progress=None,
     announce=None,
 ):
@@ -294,6 +295,11 @@ def check_endpoint(
         When > 0: this many continuations of the first prompt sent alone and as many in a crowd of
         concurrent requests, compared with two-sample tests under the run's error budget
         (:mod:`specverify.endpoint.invariance`); 0 (default): not checked.
+    check_determinism : bool
+        True (default): the battery sends one call twice with the same seed and different tokens
+        are an implementation error (verdict ERROR, the law untested).  False: the repeat is
+        answered from the store, so the law is tested on a server whose seeded outputs are not
+        reproducible; the report says determinism was not checked.
     progress : callable, optional
         ``progress(done, total, tokens, elapsed, what)`` as replies arrive.
     announce : callable, optional
@@ -347,6 +353,7 @@ def check_endpoint(
         "max_new_tokens": max_new_tokens,
         "prompts": prompt_lists,
         "samples_per_request": samples_per_request,
+        **({} if check_determinism else {"check_determinism": False}),
     }
     scratch = tempfile.TemporaryDirectory() if out_dir is None else None
     store = SampleStore(out_dir if out_dir is not None else scratch.name, header)  # type: ignore[union-attr]
@@ -354,7 +361,7 @@ def check_endpoint(
     clients = {"decoder": under_test.client, "reference": target_side.client, "target": target_side.client}
     fetcher = Fetcher(clients, store, concurrency=concurrency, progress=progress)
     decoder = EndpointDecoder(fetcher, model, sampling, samples_per_request=samples_per_request, vocab_size=vocab,
-                              label=under_test.label)  # fmt: skip
+                              label=under_test.label, repeat_from_store=not check_determinism)  # fmt: skip
     target = EndpointTarget(fetcher, target_side.model, sampling, vocab_size=vocab) if mode == "exact" else None
     reference = None
     if mode == "two_sample":
@@ -391,6 +398,7 @@ def check_endpoint(
         "client_overhead_fraction": round(ledger["client_overhead_seconds"] / total, 4) if total > 0 else None,
         "memo": target.memo() if target is not None else None,
         "batch_invariance": invariance,
+        "determinism": "checked" if check_determinism else "not checked: repeated seeded calls answered from the store",
         "tolerance": TOLERANCE_NOTE if mode == "exact" else None,
         "store": str(store.path) if out_dir is not None else None,
     }
@@ -400,7 +408,7 @@ def check_endpoint(
         dict(reference_url=reference_url, reference_model=reference_model, two_sample=two_sample or None,
              temperature=temperature, top_k=top_k, top_p=top_p, prompts=prompts, tier=tier, seed=seed, alpha=alpha,
              num_samples=num_samples, max_new_tokens=max_new_tokens, samples_per_request=samples_per_request,
-             batch_invariance=batch_invariance or None),
+             batch_invariance=batch_invariance or None, check_determinism=None if check_determinism else False),
     )  # fmt: skip
     return dataclasses.replace(
         report, implementation=under_test.label, command=command, extra={**report.extra, "endpoint": endpoint}

@@ -109,8 +109,9 @@ class HttpClient:
         """POST ``body`` as JSON to ``path``; the decoded JSON reply."""
         return self._request("POST", path, json.dumps(body).encode())
 
-    def get(self, path: str) -> Any:
-        return self._request("GET", path, None)
+    def get(self, path: str, *, retries: int | None = None) -> Any:
+        """GET ``path``; ``retries`` overrides the client's (a first contact should fail fast)."""
+        return self._request("GET", path, None, retries)
 
     def _headers(self) -> dict:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
@@ -119,10 +120,11 @@ class HttpClient:
             headers["Authorization"] = f"Bearer {key}"
         return headers
 
-    def _request(self, method: str, path: str, data: bytes | None) -> Any:
+    def _request(self, method: str, path: str, data: bytes | None, retries: int | None = None) -> Any:
         url = self.url(path)
+        retries = self.retries if retries is None else retries
         delay = 0.5
-        for attempt in range(self.retries + 1):
+        for attempt in range(retries + 1):
             request = urllib.request.Request(url, data=data, method=method, headers=self._headers())
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout, context=self.context) as reply:
@@ -130,7 +132,7 @@ class HttpClient:
                     status = reply.status
             except urllib.error.HTTPError as error:
                 raw, status = error.read(), error.code
-                if status in RETRY_STATUS and attempt < self.retries:
+                if status in RETRY_STATUS and attempt < retries:
                     self._wait(delay, error.headers.get("Retry-After"))
                     delay = min(2 * delay, 30.0)
                     continue
@@ -139,12 +141,12 @@ class HttpClient:
                 ) from None
             except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
                 reason = getattr(error, "reason", error)
-                if attempt < self.retries:
+                if attempt < retries:
                     self._wait(delay, None)
                     delay = min(2 * delay, 30.0)
                     continue
                 raise EndpointError(
-                    f"{method} {url}: unreachable after {self.retries + 1} attempts ({reason})"
+                    f"{method} {url}: unreachable after {retries + 1} attempts ({reason})"
                 ) from None
             try:
                 return json.loads(raw)

@@ -5,7 +5,7 @@ max_new_tokens, seed)``) on top of a completions endpoint: ``num_samples`` conti
 requests of ``samples_per_request`` each, request ``j`` seeded ``seed + j * samples_per_request``
 (mod 2^31; vLLM seeds the ``n`` samples of a request ``seed + i``, so no two samples share a
 seed).  A call repeated with the same arguments -- the battery's determinism check -- is sent
-again, not answered from the store.
+again, not answered from the store (unless ``repeat_from_store``).
 
 :class:`EndpointTarget` is the target protocol (``next_token_probs``, ``conditionals``) from
 teacher-forcing requests (:func:`specverify.endpoint.api.teacher_forcing_body`), memoised over
@@ -57,6 +57,10 @@ class EndpointDecoder:
         Continuations per request (``n``).
     seeded : bool
         Send a seed with every request (the determinism check needs one).
+    repeat_from_store : bool
+        A call repeated with the same arguments is answered with the first call's replies (from the
+        store) instead of being sent again: the battery's determinism check then cannot fail, and
+        the law is tested on a server whose seeded outputs are not reproducible (say so in the report).
     vocab_size : int, optional
     """
 
@@ -71,6 +75,7 @@ class EndpointDecoder:
         seeded: bool = True,
         vocab_size: int | None = None,
         label: str = "",
+        repeat_from_store: bool = False,
     ):
         if samples_per_request < 1:
             raise InvalidArgument(f"samples_per_request must be >= 1, got {samples_per_request!r}")
@@ -80,6 +85,7 @@ class EndpointDecoder:
         if vocab_size is not None:
             self.vocab_size = int(vocab_size)
         self.label = label or model
+        self.repeat_from_store = bool(repeat_from_store)
         self._calls: Counter = Counter()
 
     def __repr__(self) -> str:
@@ -89,7 +95,7 @@ class EndpointDecoder:
         """``num_samples`` continuations of ``prompt`` (T,) from the server: (num_samples, max_new_tokens) long."""
         ids = [int(t) for t in torch.as_tensor(prompt).tolist()]
         call = (tuple(ids), int(num_samples), int(max_new_tokens), int(seed))
-        occurrence = self._calls[call]
+        occurrence = 0 if self.repeat_from_store else self._calls[call]
         self._calls[call] += 1
         n = self.samples_per_request
         requests = []
