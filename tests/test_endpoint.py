@@ -402,3 +402,14 @@ def test_skip_determinism_answers_the_repeat_from_the_store(servers, tmp_path):
     assert report.verdict == "pass" and endpoint["determinism"].startswith("not checked")
     assert endpoint["requests_from_store"] >= 2  # one repeated determinism call per prompt, never sent
     assert "check_determinism=False" in report.command
+
+
+def test_the_report_has_an_endpoint_section(reference_audit):
+    from specverify.report.html import render_html
+    from specverify.report.markdown import render_markdown
+
+    report, _ = reference_audit
+    text = render_markdown(report)
+    assert "## Endpoint" in text and "Prefix trie:" in text and "teacher forcing from the same server" in text
+    assert '"endpoint"' not in text.split("## Other sections")[-1]  # not repeated as JSON
+    assert "<h2>Endpoint</h2>" in render_html(report, plots=False)

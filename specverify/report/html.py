@@ -18,6 +18,8 @@ from typing import Any
 from specverify.core.results import ERROR, FAIL, PASS, SUSPICIOUS, Report, TestResult, effect_size, error_groups
 from specverify.report import content as c
 from specverify.report import drafter as d
+from specverify.report.endpoint import endpoint_items
+from specverify.report.endpoint import rendered_keys as endpoint_keys
 from specverify.report.plots import PlotSet, render_plots
 
 __all__ = ["render_html"]
@@ -394,6 +396,8 @@ def render_html(report: Report, *, plots: bool = True) -> str:
     body += _diagnosis_section(report)
     body += _efficiency_section(report)
     body += _errors_section(report)
+    items = endpoint_items(report)
+    body += ["<h2>Endpoint</h2>", "<ul>" + "".join(f"<li>{esc(i)}</li>" for i in items) + "</ul>"] if items else []
     body += _counterexample_section(report)
     body += _repro_section(report)
     body += _plots_section(render_plots(report) if plots else None)
@@ -402,7 +406,8 @@ def render_html(report: Report, *, plots: bool = True) -> str:
     body += _scenarios_section(report)
     body += _mapping_section("Timings (seconds)", report.timings)
     body += _mapping_section("Environment", report.environment)
-    body += _mapping_section("Other sections", c.other_extra(report, exclude=d.rendered_extra_keys(report)))
+    rendered = d.rendered_extra_keys(report) | endpoint_keys(report)
+    body += _mapping_section("Other sections", c.other_extra(report, exclude=rendered))
     head = (
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta name="viewport" content="width=device-width, initial-scale=1">'

@@ -23,6 +23,8 @@ from typing import Any
 from specverify.core.results import FAIL, PASS, SUSPICIOUS, Report, TestResult, effect_size, error_groups
 from specverify.report import content as c
 from specverify.report import drafter as d
+from specverify.report.endpoint import endpoint_items
+from specverify.report.endpoint import rendered_keys as endpoint_keys
 
 __all__ = ["render_markdown", "md_text", "md_code"]
 
@@ -340,6 +342,8 @@ def render_markdown(report: Report, *, max_rows: int = 40) -> str:
                 else []
             )
             lines += md_block(group.message) + [""]
+    items = endpoint_items(report)
+    lines += (["## Endpoint", ""] + [f"- {md_text(item)}" for item in items] + [""]) if items else []
     lines += counterexample_lines(report)
     lines += repro_lines(report)
     lines += ["## Plots", "", "Plots are embedded in report.html.", ""]
@@ -348,5 +352,6 @@ def render_markdown(report: Report, *, max_rows: int = 40) -> str:
     lines += scenario_lines(report)
     lines += mapping_lines("Timings (seconds)", report.timings)
     lines += mapping_lines("Environment", report.environment)
-    lines += mapping_lines("Other sections", c.other_extra(report, exclude=d.rendered_extra_keys(report)))
+    rendered = d.rendered_extra_keys(report) | endpoint_keys(report)
+    lines += mapping_lines("Other sections", c.other_extra(report, exclude=rendered))
     return "\n".join(lines).rstrip("\n") + "\n"
