@@ -376,7 +376,8 @@ def test_the_recorded_command_reruns_the_audit(reference_audit, tmp_path, server
 
 
 @pytest.mark.parametrize(
-    "server, extra, status", [("speculative", "", 0), ("target_unprocessed", " --temperature 0.7", 1)]
+    "server, extra, status",
+    [("speculative", "", 0), pytest.param("target_unprocessed", " --temperature 0.7", 1, marks=pytest.mark.slow)],
 )
 def test_the_pytest_plugin_audits_an_endpoint(servers, tmp_path, server, extra, status):
     """``pytest --specverify-endpoint URL --specverify-model NAME``: one item, pass or fail with the battery."""

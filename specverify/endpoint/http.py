@@ -145,9 +145,7 @@ class HttpClient:
                     self._wait(delay, None)
                     delay = min(2 * delay, 30.0)
                     continue
-                raise EndpointError(
-                    f"{method} {url}: unreachable after {retries + 1} attempts ({reason})"
-                ) from None
+                raise EndpointError(f"{method} {url}: unreachable after {retries + 1} attempts ({reason})") from None
             try:
                 return json.loads(raw)
             except ValueError:
