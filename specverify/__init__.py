@@ -18,6 +18,7 @@ _LAZY = {
     "audit_drafter": "specverify.drafter",
     "check_tree_verifier": "specverify.verifier.tree.battery",
     "measure_divergence": "specverify.measure.chain",
+    "check_endpoint": "specverify.endpoint.checks",
     "Report": "specverify.core.results",
     "TestResult": "specverify.core.results",
     "write_report": "specverify.report",

@@ -414,3 +414,9 @@ def test_the_report_has_an_endpoint_section(reference_audit):
     assert "## Endpoint" in text and "Prefix trie:" in text and "teacher forcing from the same server" in text
     assert '"endpoint"' not in text.split("## Other sections")[-1]  # not repeated as JSON
     assert "<h2>Endpoint</h2>" in render_html(report, plots=False)
+
+
+def test_check_endpoint_is_a_public_name():
+    import specverify
+
+    assert specverify.check_endpoint is check_endpoint and "check_endpoint" in dir(specverify)
