@@ -21,11 +21,6 @@ CONFLICTS = ("verifier", "tree_verifier", "decoder", "drafter", "target", "refer
              "shards", "ray_address", "device", "dtype", "scenario", "mode")  # fmt: skip
 
 
-def _top_p(text: str) -> float:
-    value = probability(text)
-    return value
-
-
 def add_arguments(audit) -> None:
     """The endpoint group of ``specverify audit``."""
     group = audit.add_argument_group("endpoint audit (a running OpenAI-compatible server, over HTTP)")
@@ -42,7 +37,7 @@ def add_arguments(audit) -> None:
     )
     group.add_argument("--temperature", type=nonnegative_float, default=1.0)
     group.add_argument("--top-k", type=positive_int, metavar="K", help="top-k of every request (default: off)")
-    group.add_argument("--top-p", type=_top_p, metavar="P", help="top-p of every request (default: off)")
+    group.add_argument("--top-p", type=probability, metavar="P", help="top-p of every request (default: off)")
     group.add_argument("--prompts", metavar="FILE", help="JSON list of token-id lists (default: derived from --seed)")
     group.add_argument("--concurrency", type=positive_int, default=8, help="requests in flight (default 8)")
     group.add_argument(

@@ -22,9 +22,9 @@ from specverify.core.results import TestResult
 from specverify.core.seeds import derive_seed
 from specverify.decoder.conditionals import ExactPlan
 from specverify.decoder.twosample import analyse_two_sample
-from specverify.endpoint.api import Sampling, completion_body, continuations
-from specverify.endpoint.pool import Fetcher, Request
-from specverify.endpoint.subjects import SEED_MODULUS
+from specverify.endpoint.api import Sampling
+from specverify.endpoint.pool import Fetcher
+from specverify.endpoint.subjects import SEED_MODULUS, sampling_request
 
 __all__ = ["batch_invariance", "SCENARIO"]
 
@@ -33,20 +33,11 @@ _DISTRACTOR_SAMPLES = 4
 
 
 def _sampling_requests(model, sampling, prompt, seeds, max_new_tokens, composition, occurrence=0, n=1):
-    def parse(reply):
-        return continuations(reply, n=n, max_tokens=max_new_tokens)
-
     return [
-        Request(
-            "decoder",
-            completion_body(model, prompt, n=n, max_tokens=max_new_tokens, sampling=sampling, seed=s),
-            parse=parse,
-            occurrence=occurrence,
-            extra={"composition": composition},
-            tokens=n * max_new_tokens,
-        )
+        sampling_request("decoder", model, sampling, prompt, n=n, max_tokens=max_new_tokens, seed=s,
+                         occurrence=occurrence, extra={"composition": composition})
         for s in seeds
-    ]
+    ]  # fmt: skip
 
 
 def _tokens(replies) -> torch.Tensor:

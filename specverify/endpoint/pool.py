@@ -141,9 +141,7 @@ class Fetcher:
             return [self.store.get(r.key) for r in requests]
         finally:
             self.ledger.wall_seconds += time.perf_counter() - started
-            self.ledger.retried = sum(
-                getattr(c, "retried", 0) for c in {id(c): c for c in self.clients.values()}.values()
-            )
+            self.ledger.retried = sum(c.retried for c in set(self.clients.values()))  # a client may serve two roles
 
     async def _send(self, pending: list[Request], what: str, concurrency: int) -> None:
         loop = asyncio.get_running_loop()

@@ -37,7 +37,7 @@ from specverify.endpoint.api import (
 )
 from specverify.endpoint.pool import Fetcher, Request
 
-__all__ = ["EndpointDecoder", "EndpointTarget", "SEED_MODULUS"]
+__all__ = ["EndpointDecoder", "EndpointTarget", "SEED_MODULUS", "sampling_request"]
 
 SEED_MODULUS = 2**31
 
@@ -100,31 +100,26 @@ class EndpointDecoder:
         n = self.samples_per_request
         requests = []
         for j in range(math.ceil(num_samples / n)):
-            size = min(n, num_samples - j * n)
             request_seed = (int(seed) + j * n) % SEED_MODULUS if self.seeded else None
-            body = completion_body(
-                self.model, ids, n=size, max_tokens=max_new_tokens, sampling=self.sampling, seed=request_seed
-            )
             requests.append(
-                Request(
-                    self.role,
-                    body,
-                    parse=_continuations_of(size, max_new_tokens),
-                    occurrence=occurrence,
-                    extra={} if self.seeded else {"index": j},
-                    tokens=size * max_new_tokens,
-                )
-            )
+                sampling_request(self.role, self.model, self.sampling, ids, n=min(n, num_samples - j * n),
+                                 max_tokens=max_new_tokens, seed=request_seed, occurrence=occurrence,
+                                 extra={} if self.seeded else {"index": j})
+            )  # fmt: skip
         replies = self.fetcher.fetch(requests, what=f"{self.role} samples")
         rows = [row for reply in replies for row in reply]
         return torch.tensor(rows, dtype=torch.long).reshape(num_samples, max_new_tokens)
 
 
-def _continuations_of(n: int, max_tokens: int):
+def sampling_request(role: str, model: str, sampling: Sampling, prompt: list[int], *, n: int, max_tokens: int,
+                     seed: int | None, occurrence: int = 0, extra: dict | None = None) -> Request:  # fmt: skip
+    """The request for ``n`` continuations of ``prompt``; its reply is read as their token ids."""
+
     def parse(reply):
         return continuations(reply, n=n, max_tokens=max_tokens)
 
-    return parse
+    body = completion_body(model, prompt, n=n, max_tokens=max_tokens, sampling=sampling, seed=seed)
+    return Request(role, body, parse=parse, occurrence=occurrence, extra=extra or {}, tokens=n * max_tokens)
 
 
 def _kept_rows(sequence: list[int], keep: list[int], vocab_size: int | None):
