@@ -21,7 +21,10 @@ processed conditional at every sampled prefix is computed by teacher forcing
   certain failure; the result names the tokens, rows and positions.
 * ``independence``: the first new tokens of the N samples are i.i.d. from
   p(. | prompt); within-batch collision counts (consecutive batches of 64 rows)
-  against the exact moments, two-sided.
+  against the exact moments, two-sided;
+* ``dependence``: rows in pairs (adjacent, offsets 32..256, tile edges, first and last,
+  random), the products of their tokens' centred mid-ranks at every position
+  (:func:`specverify.stats.midrank_pair_test`).
 
 References: Leviathan et al. (2023) and Chen et al. (2023) for the law to be
 preserved; ``docs/design.md`` for bins, nodes and directed tests.
@@ -38,6 +41,7 @@ import torch
 
 from specverify import stats
 from specverify.core.results import TestResult
+from specverify.core.seeds import derive_seed
 
 from .protocol import target_conditionals
 
@@ -45,6 +49,8 @@ __all__ = ["ExactPlan", "ExactAnalysis", "analyse_exact", "prefix_ids"]
 
 #: Batch size of the collision test on the first new tokens.
 COLLISION_BATCH = 64
+#: A pair class of the dependence family needs at least this many token pairs.
+MIN_PAIR_TOKENS = 20
 #: Float64 entries of one chunk of conditionals (rows * L * V).
 CHUNK_ENTRIES = 1 << 22
 
@@ -125,6 +131,7 @@ def analyse_exact(
 
     expected = torch.zeros(L, V, dtype=torch.float64)  # (L, V) sum of exact conditionals per position
     pit_values, scores, variances = [], [], []
+    mids, mid_vars = [], []  # (b, L) per chunk: each token's centred mid-rank and its variance
     score_bound = 0.0
     bad_rows, bad_pos, bad_tok = [], [], []
     all_one_hot = True
@@ -150,6 +157,10 @@ def analyse_exact(
         flat = cond.reshape(b * L, V)  # (b L, V)
         flat_tokens = chunk.reshape(b * L)  # (b L,)
         pit_values.append(stats.randomised_pit(flat, flat_tokens, generator=pit_generator, order="p"))
+        law = cond.numpy()  # (b, L, V)
+        mid = stats.mid_distribution(law)  # (b, L, V)
+        mids.append(np.take_along_axis(mid, chunk.numpy()[..., None], -1)[..., 0])  # (b, L)
+        mid_vars.append((law * mid * mid).sum(-1))  # (b, L)
         sc, var, chunk_bound = stats.entropy_scores(flat, flat_tokens)
         score_bound = max(score_bound, chunk_bound)
         scores.append(np.asarray(sc, dtype=np.float64))
@@ -204,7 +215,38 @@ def analyse_exact(
     if n_batches >= 1 and prompt_probs is not None:
         first = tokens_np[: n_batches * COLLISION_BATCH, 0].reshape(n_batches, COLLISION_BATCH)  # (n_batches, 64)
         res.append(stats.collision_test(first, prompt_probs, alpha=plan.alpha, position="abs=1", **labels))
+    res += _row_pair_results(np.concatenate(mids), np.concatenate(mid_vars), plan, scenario, pit_seed)
     out.summary = {"nodes_tested": used, "node_candidates": len(candidates), "support_violations": len(bad_rows)}
+    return out
+
+
+def _row_pair_results(mids: np.ndarray, mid_vars: np.ndarray, plan, scenario: str, seed: int) -> list[TestResult]:
+    """The ``dependence`` family: rows of the generate call in pairs, every position, mid-rank products.
+
+    Rows of one call may share a batch inside the decoder; under H0 they are independent,
+    so the products of their tokens' centred mid-ranks at each position are martingale
+    differences (:func:`specverify.stats.midrank_pair_test`).  Pair classes:
+    :func:`specverify.stats.call_pairs` on the N rows (the decoder's own batching is unknown,
+    so row offsets stand for batch slots).
+    """
+    N, L = mids.shape
+    out = []
+    gen = torch.Generator().manual_seed(derive_seed(seed, 1))
+    for name, (ra, rb) in stats.call_pairs(N, generator=gen).items():
+        if ra.size * L < MIN_PAIR_TOKENS:
+            continue
+        out.append(
+            stats.midrank_pair_test(
+                mids[ra].ravel(),
+                mid_vars[ra].ravel(),
+                mids[rb].ravel(),
+                mid_vars[rb].ravel(),
+                alpha=plan.alpha,
+                name=f"pairs_{name}",
+                scenario=scenario,
+                position="every position",
+            )  # fmt: skip
+        )
     return out
 
 

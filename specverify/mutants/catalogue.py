@@ -11,11 +11,12 @@ __all__ = ["CATALOGUE", "by_name", "entries", "verifier_named"]
 def _build() -> tuple[CatalogueEntry, ...]:
     from specverify.mutants.decoder import ENTRIES as decoder_entries
     from specverify.mutants.drafter import ENTRIES as drafter_entries
+    from specverify.mutants.rows import ENTRIES as row_entries
     from specverify.mutants.tree import ENTRIES as tree_entries
     from specverify.mutants.uniforms import ENTRIES as uniforms_entries
     from specverify.mutants.verifier import ENTRIES as verifier_entries
 
-    chain = tuple(verifier_entries) + tuple(uniforms_entries)
+    chain = tuple(verifier_entries) + tuple(uniforms_entries) + tuple(row_entries)
     chain = tuple(e for e in chain if e.lossy) + tuple(e for e in chain if not e.lossy)  # mutants first
     entries_ = chain + tuple(drafter_entries) + tuple(decoder_entries) + tuple(tree_entries)
     names = [e.name for e in entries_]

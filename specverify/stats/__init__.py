@@ -4,13 +4,14 @@ anytime-valid e-processes.  Every test returns a :class:`specverify.core.results
 
 Modules: :mod:`.binning` (bins fixed from p and N), :mod:`.gof` (Cressie-Read GOF,
 support), :mod:`.sparse` (the most extreme token; ``gof_pair`` runs both), :mod:`.twosample`, :mod:`.mmd` (the MMD peer, Hamming kernel), :mod:`.directed` (PIT, scores, acceptance),
-:mod:`.independence` (collisions), :mod:`.power` (detectable TV), :mod:`.budget`
+:mod:`.independence` (collisions), :mod:`.dependence` (pairs of rows against the product of their laws), :mod:`.power` (detectable TV), :mod:`.budget`
 (weighted Holm, grades), :mod:`.eprocess`.  See docs/design.md.
 """
 
 from ._common import cressie_read
 from .binning import Bins, bin_counts, make_bins, p_order
 from .budget import DEFAULT_FAMILY_WEIGHTS, UNKNOWN_FAMILY_WEIGHT, grade, grade_run, holm_adjust, run_verdict, verdict
+from .dependence import PAIR_LAGS, call_pairs, mid_distribution, midrank_pair_test, pair_dependence_test, pair_scores
 from .directed import acceptance_test, entropy_scores, pit_test, randomised_pit, ratio_scores, score_test
 from .eprocess import DEFAULT_LOG10_C, CategoricalEProcess, sequential_gof
 from .gof import gof_test, support_test
@@ -40,6 +41,12 @@ __all__ = [
     "acceptance_test",
     "collision_test",
     "collision_moments",
+    "pair_dependence_test",
+    "midrank_pair_test",
+    "call_pairs",
+    "PAIR_LAGS",
+    "pair_scores",
+    "mid_distribution",
     "min_detectable_tv",
     "samples_needed",
     "noncentrality_needed",

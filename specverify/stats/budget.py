@@ -11,7 +11,8 @@ and a test FAILS iff ``p~ <= alpha``: exactly the hypotheses weighted Holm rejec
 family-wise error rate alpha (strong control, any dependence between tests).  A test
 is SUSPICIOUS iff ``alpha < p~ <= min(1, suspicious_factor * alpha)`` (warns, does not
 fail the gate).  Each result's ``alpha`` is set to its first-step share ``w_i * alpha``
-and its ``mde_tv`` is recomputed at that level.
+and its ``mde_tv`` (and a z-test's ``details[details["mde_key"]]``, from ``mde_per_z``) is
+recomputed at that level.
 
 References: S. Holm, "A simple sequentially rejective multiple test procedure",
 Scand. J. Statist. 6 (1979) 65-70; PractRand / TestU01 grading conventions.
@@ -23,6 +24,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
+from scipy import stats as _st
 
 from specverify.core.errors import InvalidArgument
 from specverify.core.results import ERROR, FAIL, PASS, SUSPICIOUS, TestResult, is_error_record
@@ -50,6 +52,7 @@ DEFAULT_FAMILY_WEIGHTS: Mapping[str, float] = {
     "two_sample": 0.15,
     "acceptance": 0.10,
     "independence": 0.10,
+    "dependence": 0.10,
     "consistency": 0.10,
     "support": 0.04,
     "greedy": 0.03,
@@ -177,8 +180,17 @@ def grade(
         if r.mde_tv is not None and r.df and mde_n is not None and math.isfinite(r.mde_tv):
             power = r.details.get("power", 0.9)
             changes["mde_tv"] = min_detectable_tv(mde_n, r.df, share, power)
+        per_z = r.details.get("mde_per_z") if isinstance(r.details, Mapping) else None
+        if per_z is not None and math.isfinite(per_z):  # a z-test's detectable effect, at the share it got
+            power = r.details.get("power", 0.9)
+            changes["details"] = {**r.details, r.details["mde_key"]: _z_effect(share, power) * per_z}
         graded.append(r.replace(**changes))
     return tuple(graded)
+
+
+def _z_effect(alpha: float, power: float) -> float:
+    """``z_{1-alpha/2} + z_power``: the shift of a two-sided z-test's mean detectable with ``power`` at ``alpha``."""
+    return float(_st.norm.isf(alpha / 2)) + float(_st.norm.isf(1 - power))
 
 
 def verdict(graded_results: Iterable[TestResult]) -> str:

@@ -15,6 +15,9 @@ under test on exact table models; :func:`analyse_run` turns the run into tests:
 * ``acceptance`` per in-block position -- accepted drafts vs the exact per-trial
   probabilities sum_x min(p, q);
 * ``independence`` -- collisions between the first tokens of the rows of each batch;
+* ``dependence`` -- rows of one verify call in pairs (adjacent, offsets of 32..256 and the
+  declared block size, tile edges, first and last, random): their first tokens and bonus
+  tokens against the product of the exact laws (:mod:`specverify.verifier.pairs`);
 * ``protocol`` -- the verifier's outputs passed validation (shapes, dtypes, range,
   emitted prefix = drafts, determinism for a fixed generator seed).
 
@@ -52,6 +55,7 @@ from specverify.core.validation import check_alpha, check_int, check_run_options
 from specverify.shard.collect import Parallel, collect_runs
 from specverify.shard.work import Job
 from specverify.verifier.harness import HarnessRun, run_harness
+from specverify.verifier.pairs import declared_block_size, dependence_results
 from specverify.verifier.runs import ChainRunner, run_battery
 from specverify.verifier.scenarios import TIERS, Scenario, get_scenarios
 
@@ -74,7 +78,14 @@ NODE_MIN_VISITS, MAX_NODES = 400, 12
 
 # ------------------------------------------------------------------ analysis
 def analyse_run(
-    run: HarnessRun, target: TableModel, drafter: TableModel, *, scenario: str, alpha: float, seed: int
+    run: HarnessRun,
+    target: TableModel,
+    drafter: TableModel,
+    *,
+    scenario: str,
+    alpha: float,
+    seed: int,
+    block_size: int | None = None,
 ) -> list[TestResult]:
     """All tests of one harness run (ungraded TestResults); see the module docstring."""
     results: list[TestResult] = []
@@ -142,6 +153,9 @@ def analyse_run(
     if run.batch_size >= 2:
         first = tokens[:, 0].reshape(run.num_groups, run.batch_size)
         results.append(stats.collision_test(first, marg_tok[0], position="abs=0 within batch", **common))
+    results += dependence_results(
+        run, target.table, scenario=scenario, alpha=alpha, seed=seed, block_size=block_size, bonus_position=K + 1
+    )
     return results
 
 
@@ -208,7 +222,9 @@ def _drive(verify, scenario: Scenario, target, drafter, *, tier: str, seed: int,
     )
 
 
-def analyse_scenario(scenario: Scenario, run: HarnessRun | None, error: str | None, *, alpha: float, seed: int):
+def analyse_scenario(
+    scenario: Scenario, run: HarnessRun | None, error: str | None, *, alpha: float, seed: int, block_size=None
+):
     """``(results, errors, summary)`` of one scenario's merged run: the protocol result and every test.
 
     Picklable through ``functools.partial``: shard workers run it on the scenarios they hold whole.
@@ -217,7 +233,8 @@ def analyse_scenario(scenario: Scenario, run: HarnessRun | None, error: str | No
         return [_protocol_result(scenario.name, False, 0, error or "")], [error or f"{scenario.name}: no run"], {}
     target, drafter = scenario.build()
     results = [_protocol_result(scenario.name, True, run.num_calls)]
-    return results + analyse_run(run, target, drafter, scenario=scenario.name, alpha=alpha, seed=seed), [], {}
+    analysed = analyse_run(run, target, drafter, scenario=scenario.name, alpha=alpha, seed=seed, block_size=block_size)
+    return results + analysed, [], {}
 
 
 def run_scenario(verify, scenario: Scenario, *, tier: str, seed: int, alpha: float, device=None, dtype=None):
@@ -230,7 +247,8 @@ def run_scenario(verify, scenario: Scenario, *, tier: str, seed: int, alpha: flo
     runner = ChainRunner(verify, seed, (scenario,), device, dtype)
     collected = collect_runs(Job(runner), [scenario], tier=tier)
     run, error = collected.runs.get(scenario.name), collected.errors.get(scenario.name)
-    results, errors, _ = analyse_scenario(scenario, run, error, alpha=alpha, seed=seed)
+    block = declared_block_size(verify)
+    results, errors, _ = analyse_scenario(scenario, run, error, alpha=alpha, seed=seed, block_size=block)
     return results, errors, time.perf_counter() - start
 
 
@@ -394,7 +412,8 @@ def check_verifier(
         tracker.finish()
         graded: Sequence[TestResult] = stats.grade(results, alpha=alpha)
     else:
-        analyse = functools.partial(analyse_scenario, alpha=alpha, seed=seed)
+        block = declared_block_size(verify)
+        analyse = functools.partial(analyse_scenario, alpha=alpha, seed=seed, block_size=block)
         outcome = run_battery(
             ChainRunner(verify, seed, tuple(chosen), dev, prob_dtype),
             chosen,
@@ -484,7 +503,8 @@ def check_verifier_on(
             verify, target, drafter, k=k, batch_size=batch_size, length=length, generator=gen, num_groups=num_groups
         )
         results = [_protocol_result(name, True, run.num_calls)]
-        results += analyse_run(run, target, drafter, scenario=name, alpha=alpha, seed=seed)
+        block = declared_block_size(verify)
+        results += analyse_run(run, target, drafter, scenario=name, alpha=alpha, seed=seed, block_size=block)
     except ImplementationError as exc:
         errors.append(f"{name}: {exc}")
         results = [_protocol_result(name, False, 0, errors[-1])]

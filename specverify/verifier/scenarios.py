@@ -26,6 +26,9 @@ first_unverified               pos8_uniform_k4, pos32_topk_disjoint_k4 (every dr
 late_rejection                 markov8_temperature_k2, ngram3_v6_stale_k4 (K >= 2, context-dependent p)
 continue_after_reject          pos8_uniform_k4, markov16_topp_anti_complement_k8 (K >= 2)
 batch_row_mix                  pos8_uniform_k4 (B > 1, rows reject at different positions; collision test)
+tile_wrapped_rng               every B > 64 scenario, pos8_boundary129_uniform_k2 (pair test at offset 64)
+neighbour_scratch              every scenario with B >= 2 (pair test of adjacent rows)
+batch_over_64                  every scenario whose calls exceed 64 rows
 typical_accept                 pos8_uniform_k4, pos256_flat_argmax_k4
 ensemble                       pos8_uniform_k4, pos32_anti_inverse_k4
 p == q corner                  markov4_oracle_k8 (every draft accepted; bonus after K = 8)
@@ -209,6 +212,10 @@ SCENARIOS: tuple[Scenario, ...] = (
     S("pos256_flat_argmax_k4", "positional", 256, "flat", "argmax", k=4, batch_size=1024, length=6, groups=2,
       exposes=("one-hot q", "typical_accept"),
       description="near-uniform target over 256 tokens, greedy deterministic drafter"),
+    S("pos8_boundary129_uniform_k2", "positional", 8, "peaked", "uniform", k=2, batch_size=129, length=6, groups=25,
+      exposes=("tile edges: calls of 129 rows shrink through 128, 65, 64, 63 as rows finish", "tile_wrapped_rng",
+               "batch_over_64"),
+      description="small batches that straddle the 64- and 128-row tile edges, many calls: the pair tests' lags"),
     S("markov12_dirichlet_noisy_k4", "markov", 12, "dirichlet", "noisy", k=4, batch_size=4096, length=8, groups=2,
       row_options=(("concentration", 0.3),), drafter_options=(("sigma", 1.0),),
       exposes=("near-degenerate values",),

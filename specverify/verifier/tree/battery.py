@@ -34,6 +34,7 @@ from specverify.core.results import Report, TestResult, protocol_result
 from specverify.core.validation import check_run_options
 from specverify.shard.collect import Parallel
 from specverify.verifier.battery import analyse_run
+from specverify.verifier.pairs import declared_block_size
 from specverify.verifier.runs import TreeRunner, run_battery
 from specverify.verifier.scenarios import TIERS
 from specverify.verifier.tree.harness import TreeHarnessRun
@@ -102,7 +103,9 @@ def _skipped(verify_tree, scenario: TreeScenario) -> bool:
     return scenario.edge_coins and getattr(verify_tree, "kernel", None) is None
 
 
-def tree_scenario_results(scenario: TreeScenario, tree_run: TreeHarnessRun | None, error, *, alpha: float, seed: int):
+def tree_scenario_results(
+    scenario: TreeScenario, tree_run: TreeHarnessRun | None, error, *, alpha: float, seed: int, block_size=None
+):
     """The tests of one tree scenario's (merged) run: ``(results, errors, summary)``."""
     if tree_run is None:
         message = error or f"{scenario.name}: no run"
@@ -110,7 +113,9 @@ def tree_scenario_results(scenario: TreeScenario, tree_run: TreeHarnessRun | Non
         return [result], [message], {}
     target, drafter = scenario.build()
     results: list[TestResult] = [protocol_result(scenario.name, None, tree_run.run.num_calls, method=PROTOCOL_METHOD)]
-    analysed = analyse_run(tree_run.run, target, drafter, scenario=scenario.name, alpha=alpha, seed=seed)
+    analysed = analyse_run(
+        tree_run.run, target, drafter, scenario=scenario.name, alpha=alpha, seed=seed, block_size=block_size
+    )
     if scenario.edge_coins:  # zero coins: only the exact tests are valid
         results += [r for r in analysed if r.family == "support"]
         note, first = "edge coins: support and protocol only", None
@@ -221,7 +226,9 @@ def check_tree_verifier(
     summaries = {s.name: {"note": SKIP_NOTE} for s in chosen if _skipped(verify_tree, s)}
     runnable = [s for s in chosen if s.name not in summaries]
 
-    analyse = functools.partial(tree_scenario_results, alpha=alpha, seed=seed)
+    analyse = functools.partial(
+        tree_scenario_results, alpha=alpha, seed=seed, block_size=declared_block_size(verify_tree)
+    )
 
     outcome = run_battery(
         TreeRunner(verify_tree, seed, tuple(runnable), dev, prob_dtype), runnable, tier=tier, alpha=alpha,
