@@ -22,6 +22,10 @@ from ``prompts=``.  Each prompt is one scenario:
    continuation (p-value 0 on any mismatch);
 3. two-sample mode (``reference`` given, ``target`` None): per-position, pair and
    per-node two-sample tests against m = 4 n reference samples (:mod:`.twosample`).
+4. batch invariance (exact mode, for a decoder with ``generate_batch``): the first prompt's
+   continuations alone and among 1..128 neighbour requests, seeded and unseeded mixed, against
+   the exact law and against each other; a seeded request's tokens must not depend on its
+   neighbours when the decoder declares ``per_request_seeds`` (:mod:`.invariance`).
 
 All results are graded together (weighted Holm, :func:`specverify.stats.grade`) at the
 run's family-wise ``alpha``.  Deterministic: same decoder, seed and tier, same report.
@@ -54,6 +58,7 @@ from specverify.shard.collect import Parallel, TaskUnits, collect_runs
 from specverify.shard.work import Job
 
 from .conditionals import ExactPlan, analyse_exact
+from .invariance import COMPOSITIONS, batch_invariance
 from .protocol import (
     ProgressTicker,
     TargetOn,
@@ -283,9 +288,32 @@ def check_decoder(
         timings[record["name"]] = secs
         summaries[record["name"]] = summary
 
+    invariance: dict = {"batch_invariance": f"not tested: needs the exact mode (mode {run.mode})"}
+    if run.mode == "exact" and V is not None:
+        t_inv = time.perf_counter()
+        focus = prompt_list[0]
+        neighbours = list(
+            torch.randint(0, V, (max(COMPOSITIONS) - 1, focus.numel()), generator=torch.Generator().manual_seed(seed))
+        )
+        try:
+            res, invariance = batch_invariance(
+                decoder, run.target, focus, neighbours, vocab_size=V, num_samples=run.plan.num_samples,
+                max_new_tokens=run.plan.max_new_tokens, seed=derive_seed(seed, 0xBA7C4), alpha=alpha,
+            )  # fmt: skip
+            results += res
+        except ImplementationError as error:
+            errors.append(f"batch: {error}")
+            results.append(_protocol_result("batch", str(error), 0))
+        timings["batch"] = time.perf_counter() - t_inv
+
     graded, verdict = stats.grade_run(results, errors, alpha=alpha)
     timings["total"] = time.perf_counter() - started
-    extra = {"mode": run.mode, "tier_plan": dataclasses.asdict(run.plan), "decoder": summaries}
+    extra = {
+        "mode": run.mode,
+        "tier_plan": dataclasses.asdict(run.plan),
+        "decoder": summaries,
+        "batch_invariance": invariance,
+    }
     if sharding is not None:
         extra["sharding"] = sharding
     if dev.type != "cpu":

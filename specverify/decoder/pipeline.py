@@ -151,6 +151,15 @@ class PipelineResult:
     stats: PipelineStats
 
 
+def _check_prompt(name: str, prompt) -> torch.Tensor:
+    prompt = torch.as_tensor(prompt)
+    if prompt.ndim != 1 or prompt.numel() == 0 or prompt.is_floating_point() or prompt.dtype == torch.bool:
+        raise InvalidArgument(
+            f"{name} must be a non-empty 1-D integer tensor, got shape {tuple(prompt.shape)} and dtype {prompt.dtype}"
+        )
+    return prompt
+
+
 def check_drafter_output(output, rows: int, k: int, vocab_size: int):
     """Validate a drafter's ``(tokens (B, k), probs (B, k, V))``; ImplementationError otherwise."""
     if not (isinstance(output, (tuple, list)) and len(output) == 2):
@@ -249,15 +258,38 @@ class ProtocolDecoder:
         """Decoder protocol: ``(num_samples, max_new_tokens)`` long new tokens after ``prompt``."""
         return self.decode(prompt, num_samples=num_samples, max_new_tokens=max_new_tokens, seed=seed).tokens
 
+    #: One random stream serves the whole batch: a request's tokens depend on its neighbours.
+    per_request_seeds = False
+
+    def generate_batch(self, prompts, *, num_samples, max_new_tokens: int, seeds) -> list[torch.Tensor]:
+        """Several requests in one batch (:mod:`specverify.decoder.invariance`): one ``(n_i, L)`` tensor each.
+
+        Prompts must have one length (rows of equal length are verified together).  The batch
+        has one generator, seeded from the first request's seed (0 when it is ``None``).
+        """
+        prompts = [_check_prompt(f"prompts[{i}]", p) for i, p in enumerate(prompts)]
+        if not prompts or len(num_samples) != len(prompts) or len(seeds) != len(prompts):
+            raise InvalidArgument(
+                f"prompts, num_samples and seeds must be non-empty and of one length, got {len(prompts)}, "
+                f"{len(num_samples)} and {len(seeds)}"
+            )
+        if len({p.numel() for p in prompts}) != 1:
+            raise InvalidArgument(f"prompts must have one length, got {sorted({p.numel() for p in prompts})}")
+        counts = [check_int(f"num_samples[{i}]", n, minimum=1) for i, n in enumerate(num_samples)]
+        seed = 0 if seeds[0] is None else check_int("seeds[0]", seeds[0], minimum=0)
+        rows = torch.cat([p[None].expand(n, -1) for p, n in zip(prompts, counts)])  # (sum n, T)
+        tokens = self._decode_rows(rows, max_new_tokens, seed).tokens
+        return list(tokens.split(counts))
+
     def decode(self, prompt, *, num_samples: int, max_new_tokens: int, seed: int) -> PipelineResult:
         """Like :meth:`generate`, returning the tokens and the call's :class:`PipelineStats`."""
-        prompt = torch.as_tensor(prompt)
-        if prompt.ndim != 1 or prompt.numel() == 0 or prompt.is_floating_point() or prompt.dtype == torch.bool:
-            raise InvalidArgument(
-                f"prompt must be a non-empty 1-D integer tensor, got shape {tuple(prompt.shape)} "
-                f"and dtype {prompt.dtype}"
-            )
+        prompt = _check_prompt("prompt", prompt)
         N = check_int("num_samples", num_samples, minimum=1)
+        return self._decode_rows(prompt[None].expand(N, -1), max_new_tokens, seed)
+
+    def _decode_rows(self, prompts: torch.Tensor, max_new_tokens: int, seed: int) -> PipelineResult:
+        """Decode every row of ``prompts`` (N, T) in one batch."""
+        N = prompts.shape[0]
         L = check_int("max_new_tokens", max_new_tokens, minimum=1)
         seed = check_int("seed", seed, minimum=0)
         K = self.k
@@ -265,9 +297,9 @@ class ProtocolDecoder:
         verify_gen = generator  # on the CPU: one stream
         if self.device.type != "cpu":
             verify_gen = torch.Generator(device=self.device).manual_seed(seed ^ 0x5DEECE66D)
-        T = prompt.numel()
+        T = prompts.shape[1]
         seq = torch.zeros(N, T + L + K + 1, dtype=torch.long)  # (N, T + L + K + 1)
-        seq[:, :T] = prompt.long()
+        seq[:, :T] = prompts.long()
         length = torch.full((N,), T, dtype=torch.long)  # (N,) committed lengths
         drafted = np.zeros(K, dtype=np.int64)
         accepted = np.zeros(K, dtype=np.int64)

@@ -53,6 +53,7 @@ DEFAULT_FAMILY_WEIGHTS: Mapping[str, float] = {
     "acceptance": 0.10,
     "independence": 0.10,
     "dependence": 0.10,
+    "invariance": 0.10,
     "consistency": 0.10,
     "support": 0.04,
     "greedy": 0.03,
