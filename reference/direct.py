@@ -173,6 +173,36 @@ class ChunkedGenerate:
             max_batch=self.max_batch,
         )
 
+    #: One generator serves a batch of requests: a request's tokens depend on its neighbours.
+    per_request_seeds = False
+
+    def generate_requests(self, prompts, *, num_samples, max_new_tokens: int, seeds) -> list[torch.Tensor]:
+        """Several requests decoded as one batch of rows (chunks of ``max_batch``): one (n_i, L) tensor each.
+
+        Prompts must share one length; the batch's one generator is seeded from the first
+        request's seed (0 when it is None).  Used by the batch-invariance tests of
+        ``specverify.decoder.invariance``.
+        """
+        if not prompts or len(num_samples) != len(prompts) or len(seeds) != len(prompts):
+            raise InvalidArgument(
+                f"prompts, num_samples and seeds must be non-empty and of one length, got {len(prompts)}, "
+                f"{len(num_samples)} and {len(seeds)}"
+            )
+        rows = []
+        for prompt, n in zip(prompts, num_samples):
+            prompt, n, max_new_tokens, _ = validate_generate_args(prompt, n, max_new_tokens, 0, self.vocab_size)
+            rows.append(prompt.long()[None].expand(n, -1))
+        if len({r.shape[1] for r in rows}) != 1:
+            raise InvalidArgument(f"prompts must have one length, got {sorted({r.shape[1] for r in rows})}")
+        seed = 0 if seeds[0] is None else seeds[0]
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        batch = torch.cat(rows).to(self.device)  # (sum n, T)
+        chunks = []
+        for start in range(0, batch.shape[0], self.max_batch):
+            out = self.generate_batch(batch[start : start + self.max_batch], max_new_tokens, generator=generator)  # type: ignore[attr-defined]
+            chunks.append(getattr(out, "tokens", out).cpu())
+        return list(torch.cat(chunks).split([r.shape[0] for r in rows]))
+
 
 class DirectSampler(ChunkedGenerate):
     """Autoregressive sampling of the processed target law (one target pass per token)."""

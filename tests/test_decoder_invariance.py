@@ -25,14 +25,14 @@ def table():
 
 
 class WrongPast64(ProtocolDecoder):
-    """Draws corrections from p instead of the residual when a batch holds more than 64 requests."""
+    """Accepts every draft (output = q) when a batch holds more than 64 requests (OpenVINO GenAI's class)."""
 
-    def generate_batch(self, prompts, *, num_samples, max_new_tokens, seeds):
+    def generate_requests(self, prompts, *, num_samples, max_new_tokens, seeds):
         saved = self.verify
         if len(prompts) > 64:
-            self.verify = by_name("residual_is_p").fn
+            self.verify = by_name("always_accept").fn
         try:
-            return super().generate_batch(prompts, num_samples=num_samples, max_new_tokens=max_new_tokens, seeds=seeds)
+            return super().generate_requests(prompts, num_samples=num_samples, max_new_tokens=max_new_tokens, seeds=seeds)
         finally:
             self.verify = saved
 
@@ -42,7 +42,7 @@ class PerRequest(ProtocolDecoder):
 
     per_request_seeds = True
 
-    def generate_batch(self, prompts, *, num_samples, max_new_tokens, seeds):
+    def generate_requests(self, prompts, *, num_samples, max_new_tokens, seeds):
         return [
             self.generate(p, num_samples=n, max_new_tokens=max_new_tokens, seed=1234 if s is None else s)
             for p, n, s in zip(prompts, num_samples, seeds)
@@ -84,9 +84,9 @@ def test_seeded_requests_must_not_depend_on_their_neighbours(table):
     assert seeded.details["differs_in_batches_of"] == [2, 64, 65, 128, 129]
 
 
-def test_a_broken_generate_batch_is_an_error_not_a_crash(table):
+def test_a_broken_generate_requests_is_an_error_not_a_crash(table):
     class Broken(ProtocolDecoder):
-        def generate_batch(self, prompts, **_):
+        def generate_requests(self, prompts, **_):
             raise RuntimeError("no batching today")
 
     report = check_decoder(Broken(zoo.uniform(table), table, k=3), table, tier="smoke", seed=2)
@@ -94,15 +94,15 @@ def test_a_broken_generate_batch_is_an_error_not_a_crash(table):
     assert any("no batching today" in e and e.startswith("batch:") for e in report.errors)
 
 
-def test_generate_batch_validates_its_arguments(table):
+def test_generate_requests_validates_its_arguments(table):
     decoder = ProtocolDecoder(zoo.uniform(table), table, k=3)
     with pytest.raises(Exception, match="one length"):
-        decoder.generate_batch(
+        decoder.generate_requests(
             [torch.tensor([1, 2]), torch.tensor([1])], num_samples=[1, 1], max_new_tokens=2, seeds=[0, 0]
         )
     with pytest.raises(Exception, match="num_samples"):
-        decoder.generate_batch([torch.tensor([1])], num_samples=[0], max_new_tokens=2, seeds=[0])
-    out = decoder.generate_batch(
+        decoder.generate_requests([torch.tensor([1])], num_samples=[0], max_new_tokens=2, seeds=[0])
+    out = decoder.generate_requests(
         [torch.tensor([1]), torch.tensor([2])], num_samples=[3, 2], max_new_tokens=4, seeds=[5, None]
     )
     assert [tuple(o.shape) for o in out] == [(3, 4), (2, 4)]

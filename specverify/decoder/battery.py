@@ -22,7 +22,7 @@ from ``prompts=``.  Each prompt is one scenario:
    continuation (p-value 0 on any mismatch);
 3. two-sample mode (``reference`` given, ``target`` None): per-position, pair and
    per-node two-sample tests against m = 4 n reference samples (:mod:`.twosample`).
-4. batch invariance (exact mode, for a decoder with ``generate_batch``): the first prompt's
+4. batch invariance (exact mode, for a decoder with ``generate_requests``): the first prompt's
    continuations alone and among 1..128 neighbour requests, seeded and unseeded mixed, against
    the exact law and against each other; a seeded request's tokens must not depend on its
    neighbours when the decoder declares ``per_request_seeds`` (:mod:`.invariance`).

@@ -261,7 +261,7 @@ class ProtocolDecoder:
     #: One random stream serves the whole batch: a request's tokens depend on its neighbours.
     per_request_seeds = False
 
-    def generate_batch(self, prompts, *, num_samples, max_new_tokens: int, seeds) -> list[torch.Tensor]:
+    def generate_requests(self, prompts, *, num_samples, max_new_tokens: int, seeds) -> list[torch.Tensor]:
         """Several requests in one batch (:mod:`specverify.decoder.invariance`): one ``(n_i, L)`` tensor each.
 
         Prompts must have one length (rows of equal length are verified together).  The batch
