@@ -78,6 +78,7 @@ def _one(battery: str, seed: int) -> dict:
         "min_adjusted": min((r.adjusted_pvalue for r in report.results), default=1.0),
         "flagged": flagged,
         "families": [r.family for r in report.results],
+        "labels": [f"{r.name}|{r.scenario}|{r.position}" for r in report.results],
         "pvalues": [r.pvalue for r in report.results],
         "errors": list(report.errors),
         "seconds": time.perf_counter() - start,
