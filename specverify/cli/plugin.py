@@ -44,7 +44,7 @@ import pytest
 
 from specverify.cli.plugin_messages import describe, label, mentions
 from specverify.cli.plugin_settings import DEFAULT_BATTERY, Settings, add_options, glob, read_settings, read_skips
-from specverify.core.conformance import is_conformance
+from specverify.core.conformance import conformance_line, is_conformance
 from specverify.core.results import error_groups, is_error_record
 
 __all__ = ["SuspiciousResultWarning", "SpecverifyItem"]
@@ -466,11 +466,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         tr.write_line(f"note: {outcome.note}")
     for group in error_groups(report):  # each error once, with the scenarios that met it
         tr.write_line(f"implementation error{group.where(prefix=' ')}: {group.message}", red=True)
-    worst = worst_first([r for r in report.results if not is_error_record(r)])
+    judged = [r for r in report.results if not is_error_record(r) and (s.gate_conformance or not is_conformance(r))]
+    worst = worst_first(judged)
     shown = [r for r in worst if r.grade in ("fail", "suspicious")][:MAX_SHOWN] or worst[:3]
     tr.write_line("worst tests:" if shown else "no tests")
     for r in shown:
         tr.write_line("  " + r.summary())
+    rule = conformance_line(report.conformance) if hasattr(report, "gate_conformance") else None
+    if rule:
+        tr.write_line(rule, **({"red": True} if s.gate_conformance and report.conformance.verdict == "fail" else {}))
     try:
         tr.write_line(detectability_sentence(report))
     except Exception:  # a courtesy sentence must never break the summary
