@@ -186,17 +186,18 @@ def _efficiency(tests: Sequence[TestResult]) -> Efficiency | None:
     by_scenario: dict[str, list[TestResult]] = {}
     for r in tests:
         by_scenario.setdefault(str(r.scenario), []).append(r)
-    rows = []
+    rows: list[tuple[str, int, float, float]] = []
     for name, group in by_scenario.items():
         got = scenario_efficiency(group)
         if got is not None:
-            rows.append({"scenario": name, "passes": got[0], "measured": got[1], "declared": got[2]})
-    total = sum(row["passes"] for row in rows)
+            rows.append((name, *got))
+    total = sum(passes for _, passes, _, _ in rows)
     if not total:
         return None
-    measured = sum(row["passes"] * row["measured"] for row in rows) / total
-    declared = sum(row["passes"] * row["declared"] for row in rows) / total
-    return Efficiency(int(total), measured, declared, tuple(rows))
+    measured = sum(passes * m for _, passes, m, _ in rows) / total
+    declared = sum(passes * d for _, passes, _, d in rows) / total
+    records = tuple({"scenario": n, "passes": passes, "measured": m, "declared": d} for n, passes, m, d in rows)
+    return Efficiency(int(total), measured, declared, records)
 
 
 def conformance_of(results: Sequence[TestResult], *, gated: bool = False) -> Conformance:
