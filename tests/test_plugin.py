@@ -567,3 +567,48 @@ def test_plugin_progress_lines_move_through_the_run():
     assert reporter.lines[1].startswith("specverify: 25% (100/400 tokens), 0/2 scenarios done")
     assert "ETA" in reporter.lines[1] and reporter.lines[1].endswith("running a")
     assert reporter.lines[3].startswith("specverify: 75%") and reporter.lines[3].endswith("running b")
+
+
+RULE_BATTERY = '''
+"""A fake battery whose one scenario preserves the law but fails rule conformance."""
+import json, os
+from specverify import stats
+from specverify.core.results import Report, TestResult
+
+
+def list_scenarios(tier, *, greedy=False):
+    return ["alpha_small"]
+
+
+def check_verifier(verify, *, tier="smoke", seed=0, alpha=1e-3, greedy=False, progress=None, scenarios=None,
+                   gate_conformance=False):
+    calls = json.load(open("calls.json")) if os.path.exists("calls.json") else []
+    calls.append({"gate_conformance": gate_conformance})
+    json.dump(calls, open("calls.json", "w"))
+    results = [TestResult(statistic=0.1, pvalue=0.6, name="gof", family="gof", method="", n=100,
+                          scenario="alpha_small", position="abs=0"),
+               TestResult(statistic=9.0, pvalue=1e-12, name="acceptance", family="acceptance", method="", n=100,
+                          scenario="alpha_small", position="block=1",
+                          details={"trials": 100, "observed": 20, "expected": 60.0})]
+    graded, verdict = stats.grade_run(results, [], alpha=alpha, gate_conformance=gate_conformance)
+    return Report(kind="verifier", implementation=str(verify), tier=tier, seed=seed, alpha=alpha, verdict=verdict,
+                  results=graded, scenarios=({"name": "alpha_small"},), timings={"total": 0.01},
+                  gate_conformance=gate_conformance)
+'''
+
+
+def test_conformance_fails_items_only_when_gated(fake, monkeypatch):
+    monkeypatch.delenv("SPECVERIFY_GATE_CONFORMANCE", raising=False)
+    fake.makepyfile(rule_battery=RULE_BATTERY)
+    rule = ("--specverify-impl", "myimpl:good", "--specverify-battery", "rule_battery")
+    fake.runpytest(*rule).assert_outcomes(passed=2)
+    result = fake.runpytest(*rule, "--specverify-gate-conformance")
+    result.assert_outcomes(passed=1, failed=1)
+    assert "FAILED specverify[alpha_small]" in result.stdout.str()
+    monkeypatch.setenv("SPECVERIFY_GATE_CONFORMANCE", "perhaps")
+    result = fake.runpytest(*rule)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert (
+        "--specverify-gate-conformance must be 1/0, true/false, yes/no or on/off, got 'perhaps'" in result.stderr.str()
+    )
+    assert calls(fake) == [{"gate_conformance": False}, {"gate_conformance": True}]

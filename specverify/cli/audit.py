@@ -228,6 +228,8 @@ def audit_argv(args) -> list[str]:
     for flag in ("device", "dtype"):
         if getattr(args, flag, None) is not None:
             argv += ["--" + flag, str(getattr(args, flag))]
+    if getattr(args, "gate_conformance", False):
+        argv.append("--gate-conformance")
     argv += _parallel_argv(args)
     argv += ["--tier", args.tier, "--seed", str(args.seed), "--alpha", _number(args.alpha)]
     return argv
@@ -294,6 +296,10 @@ def _validate(args, kind: str) -> None:
         )
     if kind == "drafter" and getattr(args, "greedy", False):
         misplaced.append("--greedy (verifier and decoder audits)")
+    if getattr(args, "gate_conformance", False) and (kind == "decoder" or getattr(args, "greedy", False)):
+        misplaced.append(
+            "--gate-conformance (sampling verifier, tree-verifier and drafter audits: they test acceptance)"
+        )
     if kind in ("verifier", "tree_verifier") and getattr(args, "target", None):
         misplaced.append("--target (decoder and drafter audits)")
     if kind != "decoder" and getattr(args, "reference", None):
@@ -323,6 +329,7 @@ def run_audit(args, *, progress=None):
     )
     if kind != "decoder":
         common["dtype"] = getattr(args, "dtype", None)
+        common["gate_conformance"] = bool(getattr(args, "gate_conformance", False))
     # Each branch builds the implementations before importing its battery: a spec that does not
     # load is a usage error before torch is imported (the user's own module may import it).
     if kind == "drafter":

@@ -190,6 +190,13 @@ def _add_audit(sub) -> None:
         choices=("iid", "wor", "topk", "any"),
         help="tree-verifier audit: only scenarios whose children are drawn this way (repeatable)",
     )
+    audit.add_argument(
+        "--gate-conformance",
+        action="store_true",
+        help="verifier, tree-verifier and drafter audits: rule conformance (acceptance against the declared "
+        "rule, graded under its own budget) also gates the verdict; by default the verdict is the law's and "
+        "conformance is reported on its own line",
+    )
     audit.add_argument("--tier", choices=TIERS, default="smoke")
     audit.add_argument("--seed", type=nonnegative_int, default=0)
     audit.add_argument(

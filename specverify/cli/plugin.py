@@ -12,7 +12,9 @@ item), so ``-k``/``-m specverify`` and skips apply.  The battery runs once, lazi
 selected, not skipped scenarios: the family-wise budget (weighted Holm at ``alpha``) is spent
 over them together.  An item fails on its scenario's FAIL results (observed vs expected,
 statistic, p, adjusted p, N, seed, repro commands) and warns on SUSPICIOUS ones
-(:class:`SuspiciousResultWarning`).  ``specverify[protocol]`` fails on implementation errors,
+(:class:`SuspiciousResultWarning`); rule-conformance results (acceptance against the declared
+rule, :mod:`specverify.core.conformance`) are recorded but judged only with
+``--specverify-gate-conformance``.  ``specverify[protocol]`` fails on implementation errors,
 on a battery that could not run and on results no scenario owns.  Statistics are recorded as
 JUnit XML properties.  Skips file: lines ``xfail|skip <glob>  # reason``; the glob (``*``,
 ``?``; brackets literal) matches the item name or the scenario name.
@@ -42,6 +44,7 @@ import pytest
 
 from specverify.cli.plugin_messages import describe, label, mentions
 from specverify.cli.plugin_settings import DEFAULT_BATTERY, Settings, add_options, glob, read_settings, read_skips
+from specverify.core.conformance import conformance_line, is_conformance
 from specverify.core.results import error_groups, is_error_record
 
 __all__ = ["SuspiciousResultWarning", "SpecverifyItem"]
@@ -262,6 +265,12 @@ def _run(session: pytest.Session, state: State) -> Outcome:
         verify = _load_verify(s.impl)
         kwargs: dict[str, Any] = dict(tier=s.tier, seed=s.seed, alpha=s.alpha, progress=_progress(session.config))
         kwargs.update({"greedy": True} if s.greedy else {})
+        if s.gate_conformance:
+            if not _accepts(state.check_verifier, "gate_conformance"):
+                raise pytest.UsageError(
+                    f"{s.battery}.check_verifier has no 'gate_conformance' argument (--specverify-gate-conformance)"
+                )
+            kwargs["gate_conformance"] = True
         workers = s.workers if s.workers != 1 else None
         for key, value in (("device", s.device), ("dtype", s.dtype), ("workers", workers), ("backend", s.backend)):
             if value is not None and not _accepts(state.check_verifier, key):
@@ -365,7 +374,8 @@ class SpecverifyItem(pytest.Item):
             results = [r for r in report.results if self.scenario in ("*", r.scenario) and not is_error_record(r)]
             errors = [e for e in report.errors if self.scenario != "*" and mentions(str(e), self.scenario)]
         self._record(results, report)
-        self._judge(results, errors, head, s)
+        judged = [r for r in results if s.gate_conformance or not is_conformance(r)]
+        self._judge(judged, errors, head, s)
 
     def _record(self, results, report) -> None:
         """JUnit XML properties: the run, then statistic/pvalue/adjusted_pvalue/n/mde_tv/grade per test."""
@@ -456,11 +466,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         tr.write_line(f"note: {outcome.note}")
     for group in error_groups(report):  # each error once, with the scenarios that met it
         tr.write_line(f"implementation error{group.where(prefix=' ')}: {group.message}", red=True)
-    worst = worst_first([r for r in report.results if not is_error_record(r)])
+    judged = [r for r in report.results if not is_error_record(r) and (s.gate_conformance or not is_conformance(r))]
+    worst = worst_first(judged)
     shown = [r for r in worst if r.grade in ("fail", "suspicious")][:MAX_SHOWN] or worst[:3]
     tr.write_line("worst tests:" if shown else "no tests")
     for r in shown:
         tr.write_line("  " + r.summary())
+    rule = conformance_line(report.conformance) if hasattr(report, "gate_conformance") else None
+    if rule:
+        tr.write_line(rule, **({"red": True} if s.gate_conformance and report.conformance.verdict == "fail" else {}))
     try:
         tr.write_line(detectability_sentence(report))
     except Exception:  # a courtesy sentence must never break the summary

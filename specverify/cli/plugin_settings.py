@@ -61,6 +61,12 @@ OPTIONS = {
     "alpha": ("1e-3", "A", "family-wise false-alarm rate of the selected scenarios together (default 1e-3)"),
     "skips": (None, "FILE", "file of 'skip|xfail <item glob>  # reason' lines"),
     "greedy": ("0", None, "the implementation is a greedy verifier: its output must be the argmax continuation"),
+    "gate_conformance": (
+        "0",
+        None,
+        "rule conformance (acceptance against the declared rule, graded under its own budget) also fails the "
+        "items; by default they judge the output law and conformance is only reported",
+    ),
     "report": (None, "DIR", "also write report.json/.md/.html of the run to DIR"),
     "device": (None, "DEVICE", "where the implementation runs: cpu (default), cuda:0, ..."),
     "dtype": (None, "DTYPE", "dtype of the probabilities handed in: float32 (default) | bfloat16 | float16"),
@@ -108,6 +114,7 @@ class Settings:
     backend: str | None = None
     model: str | None = None  # set: ``impl`` is an endpoint URL audited over HTTP
     endpoint_args: str = ""
+    gate_conformance: bool = False
 
     @property
     def endpoint(self) -> bool:
@@ -146,6 +153,7 @@ class Settings:
             dtype=self.dtype,
             workers=self.workers if self.workers != 1 else None,  # 1, the option's default: the audit's default
             backend=self.backend,
+            gate_conformance=self.gate_conformance,
         )
         return audit_command(args)
 
@@ -171,6 +179,7 @@ class Settings:
         ]
         parts += ["--specverify-alpha", f"{self.alpha:g}"] if self.alpha != 1e-3 else []
         parts += ["--specverify-greedy"] if self.greedy else []
+        parts += ["--specverify-gate-conformance"] if self.gate_conformance else []
         parts += ["--specverify-device", shlex.quote(self.device)] if self.device else []
         parts += ["--specverify-dtype", self.dtype] if self.dtype else []
         parts += ["--specverify-workers", str(self.workers)] if self.workers != 1 else []
@@ -199,6 +208,18 @@ def _number(config: pytest.Config, dest: str, kind, valid, what: str):
     if value is None or not valid(value):
         raise pytest.UsageError(f"--specverify-{dest} must be {what}, got {text!r}")
     return value
+
+
+def _switch(config: pytest.Config, dest: str) -> bool:
+    """A true/false option: the flag, or 1/0, true/false, yes/no, on/off from the environment or ini file."""
+    value = _raw(config, dest)
+    if value is True or str(value).lower() in ("1", "true", "yes", "on"):
+        return True
+    if value is False or str(value).lower() in ("0", "false", "no", "off"):
+        return False
+    raise pytest.UsageError(
+        f"--specverify-{dest.replace('_', '-')} must be 1/0, true/false, yes/no or on/off, got {value!r}"
+    )
 
 
 def read_settings(config: pytest.Config) -> Settings | None:
@@ -241,6 +262,7 @@ def read_settings(config: pytest.Config) -> Settings | None:
         dtype=dtype,
         workers=_number(config, "workers", int, lambda x: x >= 1, "a positive integer"),
         backend=_backend(_raw(config, "backend")),
+        gate_conformance=_switch(config, "gate_conformance"),
     )
 
 

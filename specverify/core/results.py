@@ -22,6 +22,7 @@ __all__ = [
     "ErrorGroup",
     "FAIL",
     "PASS",
+    "READABLE_SCHEMAS",
     "SCHEMA_VERSION",
     "SUSPICIOUS",
     "Grade",
@@ -34,7 +35,11 @@ __all__ = [
     "rank_key",
 ]
 
-SCHEMA_VERSION = "specverify.report/1"
+SCHEMA_VERSION = "specverify.report/2"
+#: Schemas :meth:`Report.from_dict` reads.  Version 2 added ``gate_conformance`` and the derived
+#: ``"conformance"`` object; a version-1 report reads back with ``gate_conformance=False`` (its
+#: acceptance tests were graded in the law's budget then, which only made the law tests stricter).
+READABLE_SCHEMAS = ("specverify.report/1", SCHEMA_VERSION)
 
 PASS, SUSPICIOUS, FAIL = "pass", "suspicious", "fail"
 Grade = str  # one of PASS, SUSPICIOUS, FAIL
@@ -300,8 +305,10 @@ class Report:
     tier, seed, alpha
         The run's tier, root seed and family-wise error rate.
     verdict : str
-        ``"pass"``, ``"suspicious"`` (warns, passes the gate), ``"fail"`` (a test failed) or
-        ``"error"`` (the implementation could not be tested: ``errors`` says why).
+        ``"pass"``, ``"suspicious"`` (warns, passes the gate), ``"fail"`` (a test of the law
+        failed) or ``"error"`` (the implementation could not be tested: ``errors`` says why).
+        Rule-conformance tests (acceptance against the declared rule,
+        :mod:`specverify.core.conformance`) count only when ``gate_conformance`` is set.
     results : tuple of TestResult
         Every graded test.
     errors : tuple of str
@@ -322,6 +329,9 @@ class Report:
         or a Python snippet (first line starting with ``# Python``, see
         :mod:`specverify.core.repro`) for a run started from Python with plain objects.
         Never empty: a report built without one gets a snippet comment naming what is known.
+    gate_conformance : bool
+        Whether rule conformance is part of the verdict (``gate_conformance=True`` of the run).
+        :attr:`conformance` summarises it either way.
     """
 
     kind: str
@@ -337,6 +347,7 @@ class Report:
     environment: Mapping[str, Any] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
     command: str = ""
+    gate_conformance: bool = False
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -351,9 +362,17 @@ class Report:
     def failures(self) -> tuple[TestResult, ...]:
         return tuple(r for r in self.results if r.grade == FAIL)
 
+    @property
+    def conformance(self):
+        """The run's rule conformance and efficiency (:func:`specverify.core.conformance.conformance_of`)."""
+        from specverify.core.conformance import conformance_of
+
+        return conformance_of(self.results, gated=self.gate_conformance)
+
     def to_dict(self) -> dict:
         data = {"schema": SCHEMA_VERSION, "passed": self.passed}
         data.update(_jsonable(self))
+        data["conformance"] = _jsonable(self.conformance.to_dict())
         return data
 
     def to_json(self, *, indent: int | None = 2) -> str:
@@ -362,10 +381,10 @@ class Report:
     @classmethod
     def from_dict(cls, data: Mapping) -> Report:
         schema = data.get("schema")
-        if schema != SCHEMA_VERSION:
+        if schema not in READABLE_SCHEMAS:
             from specverify.core.errors import InvalidArgument
 
-            raise InvalidArgument(f"report schema {schema!r} is not supported (expected {SCHEMA_VERSION!r})")
+            raise InvalidArgument(f"report schema {schema!r} is not supported (expected one of {READABLE_SCHEMAS})")
         names = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in names}
         values["results"] = tuple(TestResult.from_dict(r) for r in values.get("results", ()))
@@ -379,8 +398,10 @@ class Report:
 
     def summary(self) -> str:
         """A one-screen text summary (kind-specific sections: :func:`specverify.report.terminal_summary`)."""
+        from specverify.core.conformance import conformance_line, verdict_results
+
         untested = " (the implementation could not be tested)" if self.verdict == ERROR else ""
-        tests = [r for r in self.results if not is_error_record(r)]
+        tests = verdict_results(self.results, gate_conformance=self.gate_conformance)
         lines = [
             f"specverify {self.kind} audit of {self.implementation}: {self.verdict.upper()}{untested}",
             f"tier={self.tier} seed={self.seed} alpha={self.alpha:g} tests={len(tests)} "
@@ -400,6 +421,9 @@ class Report:
         lines += ["  " + r.summary() for r in flagged[:10]]
         if len(flagged) > 10:
             lines.append(f"  ... and {len(flagged) - 10} more flagged tests (see the report)")
+        rule = conformance_line(self.conformance)
+        if rule:
+            lines.append("  " + rule)
         tvs = sorted(r.mde_tv for r in self.results if isinstance(r.mde_tv, float) and math.isfinite(r.mde_tv))
         if tvs:
             n = sum(r.n for r in self.results if r.family == "gof")

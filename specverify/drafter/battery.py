@@ -52,7 +52,7 @@ from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.repro import python_repro
 from specverify.core.results import ERROR, FAIL, Report, TestResult, protocol_result
 from specverify.core.seeds import derive_seed
-from specverify.core.validation import check_int, check_run_options
+from specverify.core.validation import check_bool, check_int, check_run_options
 from specverify.decoder import check_decoder
 from specverify.decoder.pipeline import ProtocolDecoder, merge_stats
 from specverify.decoder.protocol import ProgressTicker, make_prompts, next_token_probs
@@ -144,7 +144,8 @@ def _diagnosis(graded, errors) -> dict:
         tests = sorted({f"{r.name}@{r.position}" for r in accept})
         return {
             "culprit": "verifier",
-            "message": "acceptance rates differ from the exact sum_x min(p, q): the accept step is broken",
+            "message": "acceptance rates differ from the exact sum_x min(p, q): the accept step is not the "
+            "canonical rule (rule conformance; the output law is judged by the other tests)",
             "failed_tests": tests,
         }
     return {"culprit": None, "message": "no failure"}
@@ -166,6 +167,7 @@ def audit_drafter(
     bytes_per_param: float = 2,
     device=None,
     dtype=None,
+    gate_conformance: bool = False,
 ) -> Report:
     """Audit a drafter: consistency of its reported q, losslessness of the pipeline, efficiency.
 
@@ -206,6 +208,10 @@ def audit_drafter(
     dtype : torch.dtype or str, optional
         dtype of the probabilities handed to the verifier: float32, bfloat16, float16
         (default: as the target returns them).
+    gate_conformance : bool
+        Make rule conformance (the efficiency run's acceptance tests against the exact
+        ``sum_x min(p, q)``, graded under their own budget) part of the verdict, as in
+        :func:`specverify.check_verifier`; by default they are reported on their own line.
 
     Raises
     ------
@@ -215,6 +221,7 @@ def audit_drafter(
     """
     started = time.perf_counter()
     seed, alpha = check_run_options(tier, AUDIT_PLANS, seed, alpha, progress)
+    gate = check_bool("gate_conformance", gate_conformance)
     if not callable(getattr(drafter, "draft", None)):
         raise InvalidArgument(
             f"drafter must have a .draft(prefix, k, *, generator) method, got {type(drafter).__name__}"
@@ -255,6 +262,7 @@ def audit_drafter(
             bytes_per_param=bytes_per_param,
             device=None if dev.type == "cpu" else str(dev),
             dtype=None if prob_dtype is None else dtype_name(prob_dtype),
+            gate_conformance=gate or None,
         ),
     )
 
@@ -293,7 +301,7 @@ def audit_drafter(
     extra.update(_efficiency_part(decoder, prompts, V, k, plan, seed, alpha, cost, out, tick))
 
     tick.finish()
-    graded, verdict = stats.grade_run(out.results, out.errors, alpha=alpha)
+    graded, verdict = stats.grade_run(out.results, out.errors, alpha=alpha, gate_conformance=gate)
     extra["diagnosis"] = _diagnosis(graded, out.errors)
     out.timings["total"] = time.perf_counter() - started
     return Report(
@@ -304,6 +312,7 @@ def audit_drafter(
         timings=out.timings,
         environment=pipeline.environment,
         extra=extra,
+        gate_conformance=gate,
         **base,
     )
 

@@ -21,7 +21,10 @@ mode's acceptance law (the coin rule: top-k and target-only trees), so a kill th
 to the planted bug.  Entries with ``kind="tree_verifier"`` must be caught; ``kind="tree_equivalent"`` are
 correct rules written differently (siblings in reverse order under i.i.d. drafts, where
 they are exchangeable; sample-and-match on every tree; SGLang's kernel with thresholds 1)
-and must pass.
+and must pass the verdict, which judges the output law.  ``sample_and_match_any_mode`` runs
+target-only sample-and-match whatever mode the tree was drafted in: its law is exact on
+every tree, but on a tree of stochastic drafts it accepts less than the declared mode's rule,
+so its rule conformance fails (:mod:`specverify.core.conformance`).
 
 Shapes: B batch, N nodes, V vocabulary, S children of one slot.
 """
@@ -36,7 +39,7 @@ from reference.tree_rules import canonical_residual, drop_token
 from specverify.core.sampling import inverse_cdf
 from specverify.protocols.tree import PAD, children_table, node_depths, uniforms_in
 
-__all__ = ["ENTRIES", "IID_OR_TOPK", "TOPK_OR_ANY", "SiblingSteps", "coin_walk", "sibling_walk"]
+__all__ = ["ENTRIES", "IID_OR_TOPK", "TOPK_OR_ANY", "SiblingSteps", "coin_walk", "sibling_walk", "target_only"]
 
 
 @dataclass(frozen=True)
@@ -181,6 +184,15 @@ def coin_walk(*, threshold_single: float = 1.0, threshold_acc: float = 1.0, less
     return kernel
 
 
+def target_only(kernel):
+    """``kernel`` run as target-only sample-and-match (``mode="any"``) whatever mode the tree was drafted in."""
+
+    def forced(target_probs, draft_probs, tokens, parents, *, mode, coins, final_coins):
+        return kernel(target_probs, draft_probs, tokens, parents, mode="any", coins=coins, final_coins=final_coins)
+
+    return forced
+
+
 def _entry(name, kind, kernel, description, provenance, needs="", requires=""):
     """A catalogue entry; ``requires`` (equivalents) lists the tree scenarios where the variant is correct."""
     from specverify.mutants.entry import CatalogueEntry
@@ -238,5 +250,9 @@ ENTRIES = (
     _entry("sglang_target_only", E, coin_walk(),
            "SGLang's coin-based target-only kernel with thresholds 1 (lossless for distinct children)",
            "sgl-project/sglang tree_speculative_sampling_target_only", requires=TOPK_OR_ANY),
+    _entry("sample_and_match_any_mode", E, target_only(sibling_walk(SiblingSteps())),
+           "target-only sample-and-match (y ~ p per slot, descend into a child holding y) whatever the drafting "
+           "mode: the output law is exact on every tree; on stochastic drafts acceptance is below the declared "
+           "mode's rule, so the law verdict passes and rule conformance fails", "specverify"),
 )
 # fmt: on

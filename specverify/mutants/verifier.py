@@ -17,9 +17,11 @@ Notes on the equivalent variants:
   not sum_x min(p, q) (min(p, q) >= p q with equality iff p or q is 0 or 1 at that token,
   so the two agree iff q or p is one-hot or their supports are disjoint).
   The canonical acceptance-rate test therefore (rightly) calls it non-canonical with a
-  stochastic drafter: it is declared equivalent only for one-hot q.  The sample-and-match
-  scheme that reproduces the canonical acceptance for a general q must draw y from the
-  maximal coupling of (p, q) given x, which is exactly the canonical accept/residual rule.
+  stochastic drafter: its verdict (the output law) passes on every scenario and its rule
+  conformance (:mod:`specverify.core.conformance`) fails wherever q is not one-hot.  The
+  sample-and-match scheme that reproduces the canonical acceptance for a general q must draw
+  y from the maximal coupling of (p, q) given x, which is exactly the canonical
+  accept/residual rule.
 * ``pointmass_fallback`` (vLLM's path when no draft probabilities are passed) has the same
   law as ``sample_and_match``: P(y) = q(y) p(y) + sum_{x != y} q(x) (1 - p(x)) p(y) / (1 - p(x))
   = p(y) for any q, acceptance sum p q.  The lossy point-mass bug is ``pointmass_accept``.
@@ -194,9 +196,9 @@ ENTRIES: tuple[CatalogueEntry, ...] = (
     _M("accept_le", "equivalent", _composed("accept_le", "accept iff u <= p/q", accept=S.accept_ratio_le),
        "accept iff u <= p(x)/q(x) instead of u q(x) < p(x) (differs only on a set of probability 0)", "docs/bugs.md"),
     _M("sample_and_match", "equivalent", sample_and_match,
-       "y_i ~ p_i at every position; accept while x_i == y_i; emit y at the first mismatch (or y_{K+1})",
-       "docs/bugs.md", requires="one-hot q (deterministic drafter); with a stochastic q the output law is still exact "
-       "but acceptance is sum p q < sum min(p, q), which the acceptance-consistency test flags"),
+       "y_i ~ p_i at every position; accept while x_i == y_i; emit y at the first mismatch (or y_{K+1}); the law "
+       "is exact for any q, but with a stochastic q acceptance is sum p q < sum min(p, q): rule conformance fails",
+       "docs/bugs.md"),
     _M("exponential_race", "equivalent",
        _composed("exponential_race", "residual/bonus by argmax(w / Exp(1))", draw=S.draw_exponential_race),
        "residual and bonus token drawn as argmax_v w_v / E_v, E_v ~ Exp(1) i.i.d.", "vLLM V1 rejection sampler"),
@@ -208,9 +210,7 @@ ENTRIES: tuple[CatalogueEntry, ...] = (
     _M("pointmass_fallback", "equivalent", pointmass_fallback,
        "vLLM's no-draft-probs path: accept iff u < p(x), residual p with x removed, i.e. the canonical rule for "
        "q = onehot(x) whatever q was; P(y) = p(y) q(y) + p(y) (1 - q(y)) = p(y), so the law is exact for any q",
-       "vLLM #40149 (draft_probs=None fallback)", requires="one-hot q (deterministic drafter); with a stochastic q "
-       "the output law is still exact but acceptance is sum p q < sum min(p, q), which the acceptance-consistency "
-       "test flags"),
+       "vLLM #40149 (draft_probs=None fallback)"),
     _M("no_bonus", "equivalent", _composed("no_bonus", "no bonus token", emitted=S.emitted_no_bonus),
        "when all K drafts are accepted, emit the K drafts only (num_emitted = K)", "docs/bugs.md"),
 )

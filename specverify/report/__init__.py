@@ -15,6 +15,13 @@ Public API
 ``load_report(path) -> Report``
     Reads ``report.json`` (or a directory holding one). JSON only; never unpickles.
 
+Every format states the verdict (the output law) and, on a line of its own, the rule
+conformance (acceptance tests against the declared rule, graded under their own budget, with
+the tokens per verify pass measured vs the declared rule's:
+:mod:`specverify.core.conformance`); the JSON has it as ``"conformance"`` (derived from the
+results, so a report read back gives the same line) and ``"gate_conformance"`` (whether it is
+part of the verdict).
+
 Plots need matplotlib (``pip install specverify[plots]``); it is imported lazily
 inside the plotting code and drawn on an Agg canvas, never at import time of
 specverify.  Without it the text reports are complete and the HTML says that

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from specverify.core.conformance import conformance_line, verdict_results
 from specverify.core.repro import is_python_repro
 from specverify.core.results import (
     ERROR,
@@ -129,9 +130,20 @@ def tested(report: Report) -> list[TestResult]:
     return [r for r in report.results if not is_error_record(r)]
 
 
+def verdict_tests(report: Report) -> list[TestResult]:
+    """The tests the verdict is made of: the law's, and the rule-conformance ones when they gate it
+    (:func:`specverify.core.conformance.verdict_results`)."""
+    return verdict_results(report.results, gate_conformance=bool(report.gate_conformance))
+
+
+def conformance_sentence(report: Report) -> str | None:
+    """The report's rule-conformance line (grade, whether it gates, efficiency), or None without such tests."""
+    return conformance_line(report.conformance)
+
+
 def first_failure(report: Report) -> TestResult | None:
     """The failing test every part of a report names first (terminal, verdict, counterexample), or None."""
-    return next((r for r in rank_flagged(tested(report)) if r.grade == FAIL), None)
+    return next((r for r in rank_flagged(verdict_tests(report)) if r.grade == FAIL), None)
 
 
 def sentence_start(text: str) -> str:
@@ -285,16 +297,22 @@ def _listing(results: Sequence[TestResult], limit: int = 5) -> str:
     return "; ".join(parts)
 
 
+def _of_law(report: Report) -> str:
+    """``" of the law"`` when the report holds rule-conformance tests the verdict does not count."""
+    return " of the law" if not report.gate_conformance and report.conformance.tests else ""
+
+
 def verdict_paragraph(report: Report) -> str:
     """One paragraph: the verdict and what it means (plain text; renderers escape it)."""
-    results = worst_first(tested(report))
+    results = worst_first(verdict_tests(report))
     failed = [r for r in results if r.grade == FAIL]
     suspicious = [r for r in results if r.grade == SUSPICIOUS]
     n = len(results)
     alpha = f"family-wise alpha {fmt(report.alpha)}"
     if report.verdict == PASS:
         return (
-            f"PASS: no test detected a deviation from the target distribution. All {n} tests passed at "
+            f"PASS: no test detected a deviation from the target distribution. All {n} tests{_of_law(report)} "
+            f"passed at "
             f"{alpha} (weighted Holm across families). This is not a proof of exactness. "
             + detectability_sentence(report)
         )

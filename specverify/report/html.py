@@ -393,6 +393,8 @@ def render_html(report: Report, *, plots: bool = True) -> str:
         f"{esc(c.fmt(report.alpha))} · {len(results)} tests · time {esc(c.fmt(total_time, '.1f', 'n/a'))} s</div>",
         f'<div class="verdict v-{cls}">{esc(c.verdict_paragraph(report))}</div>',
     ]
+    rule = c.conformance_sentence(report)
+    body += [f'<p class="conformance">{esc(c.sentence_start(rule))}</p>'] if rule else []
     body += _diagnosis_section(report)
     body += _efficiency_section(report)
     body += _errors_section(report)

@@ -331,6 +331,8 @@ def render_markdown(report: Report, *, max_rows: int = 40) -> str:
         md_text(c.verdict_paragraph(report)),
         "",
     ]
+    rule = c.conformance_sentence(report)
+    lines += [md_text(c.sentence_start(rule)), ""] if rule else []
     lines += diagnosis_lines(report)
     lines += efficiency_lines(report)
     if report.errors:

@@ -81,6 +81,7 @@ def _row(group, name, kind, provenance, expected_fail, report, seconds, samples_
         "requires": "",
         "expected": "fail" if expected_fail else "pass",
         "verdict": report.verdict,
+        "conformance": report.conformance.verdict,
         "killed": killed,
         "ok": killed if expected_fail else not killed,
         "scenarios": [s.get("name", "") for s in report.scenarios],

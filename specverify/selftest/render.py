@@ -87,6 +87,12 @@ def _summary_lines(result) -> list[str]:
         g[0] += int(r["ok"])
         g[1] += 1
     lines.append("by group (as expected / entries): " + ", ".join(f"{g} {a}/{b}" for g, (a, b) in by_group.items()))
+    other_rule = [r["name"] for r in correct if r.get("conformance") == "fail" and not r["killed"]]
+    if other_rule:
+        lines.append(
+            "lossless, not the declared rule (verdict pass, rule conformance FAIL: acceptance differs): "
+            + ", ".join(other_rule)
+        )
     ratios = [r["lr_ratio"] for r in result.rows if r.get("lr_ratio") is not None]
     if ratios:
         within = sum(x <= 2.0 for x in ratios)

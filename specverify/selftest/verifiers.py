@@ -21,6 +21,7 @@ import math
 import time
 
 from specverify import stats
+from specverify.core.conformance import verdict_results
 from specverify.core.results import FAIL
 from specverify.verifier.battery import check_verifier, run_scenario
 from specverify.verifier.scenarios import get_scenarios
@@ -32,8 +33,11 @@ FIRST_LEVEL_ROWS = 8
 
 
 def killing_test(results) -> dict | None:
-    """The failing result with the smallest adjusted p-value, as a dict (None if nothing failed)."""
-    failing = [r for r in results if r.grade == FAIL]
+    """The failing test of the law with the smallest adjusted p-value, as a dict (None if none failed).
+
+    Rule-conformance tests do not kill: the verdict is the law's (:mod:`specverify.core.conformance`).
+    """
+    failing = [r for r in verdict_results(results) if r.grade == FAIL]
     if not failing:
         return None
     r = min(failing, key=lambda x: (x.adjusted_pvalue if x.adjusted_pvalue is not None else 1.0, x.pvalue))
@@ -69,8 +73,8 @@ def protocol_kill(error: str) -> dict:
 
 
 def best_result(results) -> dict | None:
-    """The result with the smallest adjusted p-value (for a survivor: how close it came)."""
-    graded = [r for r in results if r.adjusted_pvalue is not None]
+    """The test of the law with the smallest adjusted p-value (for a survivor: how close it came)."""
+    graded = [r for r in verdict_results(results) if r.adjusted_pvalue is not None]
     if not graded:
         return None
     return _summary(min(graded, key=lambda x: (x.adjusted_pvalue, x.pvalue)))
@@ -142,6 +146,7 @@ def run_verifier_entry(
         "requires": entry.requires,
         "expected": "fail" if mutant else "pass",
         "verdict": report.verdict,
+        "conformance": report.conformance.verdict,
         "killed": killed,
         "ok": killed if mutant else not killed,
         "scenarios": [s.name for s in chosen],

@@ -14,6 +14,12 @@ fail the gate).  Each result's ``alpha`` is set to its first-step share ``w_i * 
 and its ``mde_tv`` (and a z-test's ``details[details["mde_key"]]``, from ``mde_per_z``) is
 recomputed at that level.
 
+Two budgets per run: the tests of the law, and the rule-conformance tests
+(:data:`specverify.core.conformance.CONFORMANCE_FAMILIES`: acceptance against the declared
+rule), each graded by its own weighted Holm at ``alpha``, so conformance neither consumes
+nor inflates the law's budget.  Verdicts are made of the law tests; ``gate_conformance=True``
+adds the conformance tests (the gated verdict's false-alarm rate is then at most 2 alpha).
+
 References: S. Holm, "A simple sequentially rejective multiple test procedure",
 Scand. J. Statist. 6 (1979) 65-70; PractRand / TestU01 grading conventions.
 """
@@ -26,8 +32,9 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 from scipy import stats as _st
 
+from specverify.core.conformance import is_conformance, verdict_results
 from specverify.core.errors import InvalidArgument
-from specverify.core.results import ERROR, FAIL, PASS, SUSPICIOUS, TestResult, is_error_record
+from specverify.core.results import ERROR, FAIL, PASS, SUSPICIOUS, TestResult
 
 from ._common import check_alpha
 from .power import min_detectable_tv
@@ -117,16 +124,17 @@ def grade(
     family_weights: Mapping[str, float] | None = None,
     suspicious_factor: float = 100.0,
 ) -> tuple[TestResult, ...]:
-    """Grade a run's results under one family-wise error budget (weighted Holm).
+    """Grade a run's results: the law tests under one family-wise budget, the conformance tests under another.
 
     Parameters
     ----------
     results : iterable of TestResult
         Ungraded (or previously graded; grading is redone from ``pvalue``) results.
     alpha : float, default 1e-3
-        Family-wise error rate of the whole run.
+        Family-wise error rate of each budget: the law tests, and separately the
+        rule-conformance tests (:func:`specverify.core.conformance.is_conformance`).
     family_weights : mapping family -> weight, optional
-        Budget share per family, renormalised over the families present; default
+        Budget share per family, renormalised over the families present in each budget; default
         :data:`DEFAULT_FAMILY_WEIGHTS` (unknown families get
         :data:`UNKNOWN_FAMILY_WEIGHT`).  With an explicit mapping every family present
         must have a positive weight.
@@ -141,9 +149,10 @@ def grade(
 
     Notes
     -----
-    Controls the probability of any FAIL at ``alpha`` when every test's p-value is
-    valid (super-uniform under H0), whatever their dependence.  A p-value of 0 (a
-    certain failure such as a support violation) always FAILS.  Deterministic.
+    Controls the probability of any FAIL among the law tests at ``alpha`` when every test's
+    p-value is valid (super-uniform under H0), whatever their dependence, and so for the
+    conformance tests: grading the law tests alone gives them the same grades.  A p-value of
+    0 (a certain failure such as a support violation) always FAILS.  Deterministic.
     """
     results = tuple(results)
     for i, r in enumerate(results):
@@ -158,9 +167,21 @@ def grade(
         raise InvalidArgument(f"suspicious_factor must be a finite number >= 1, got {suspicious_factor!r}")
     if not results:
         return ()
+    graded: list[TestResult | None] = [None] * len(results)
+    for rule in (False, True):  # the law's budget, then the rule conformance's
+        index = [i for i, r in enumerate(results) if is_conformance(r) == rule]
+        if index:
+            done = _grade_budget([results[i] for i in index], index, alpha, family_weights, factor)
+            for i, r in zip(index, done):
+                graded[i] = r
+    return tuple(r for r in graded if r is not None)
+
+
+def _grade_budget(results, index, alpha, family_weights, factor) -> list[TestResult]:
+    """Weighted Holm over ``results`` (one budget); ``index`` their positions in the caller's input."""
     weights = _weights(results, family_weights)
     pvals = []
-    for i, r in enumerate(results):
+    for i, r in zip(index, results):
         p = float(r.pvalue)
         if math.isnan(p) or not 0.0 <= p <= 1.0:
             raise InvalidArgument(f"results[{i}].pvalue is {r.pvalue!r} ({r.family}/{r.name}); must be in [0, 1]")
@@ -186,7 +207,7 @@ def grade(
             power = r.details.get("power", 0.9)
             changes["details"] = {**r.details, r.details["mde_key"]: _z_effect(share, power) * per_z}
         graded.append(r.replace(**changes))
-    return tuple(graded)
+    return graded
 
 
 def _z_effect(alpha: float, power: float) -> float:
@@ -194,10 +215,11 @@ def _z_effect(alpha: float, power: float) -> float:
     return float(_st.norm.isf(alpha / 2)) + float(_st.norm.isf(1 - power))
 
 
-def verdict(graded_results: Iterable[TestResult]) -> str:
-    """``"fail"`` if any result FAILS, else ``"suspicious"`` if any is SUSPICIOUS, else ``"pass"``.
+def verdict(graded_results: Iterable[TestResult], *, gate_conformance: bool = False) -> str:
+    """``"fail"`` if any law test FAILS, else ``"suspicious"`` if any is SUSPICIOUS, else ``"pass"``.
 
-    Every result must be graded (see :func:`grade`); an empty run passes.
+    Every result must be graded (see :func:`grade`); an empty run passes.  Rule-conformance
+    tests count only with ``gate_conformance=True``.
     """
     grades = []
     for i, r in enumerate(graded_results):
@@ -207,7 +229,8 @@ def verdict(graded_results: Iterable[TestResult]) -> str:
             raise InvalidArgument(
                 f"graded_results[{i}] ({r.family}/{r.name}) is not graded (grade={r.grade!r}); call grade() first"
             )
-        grades.append(r.grade)
+        if gate_conformance or not is_conformance(r):
+            grades.append(r.grade)
     if FAIL in grades:
         return FAIL
     if SUSPICIOUS in grades:
@@ -216,18 +239,18 @@ def verdict(graded_results: Iterable[TestResult]) -> str:
 
 
 def grade_run(
-    results: Sequence[TestResult], errors: Sequence[str], *, alpha: float
+    results: Sequence[TestResult], errors: Sequence[str], *, alpha: float, gate_conformance: bool = False
 ) -> tuple[tuple[TestResult, ...], str]:
-    """Grade a run's results under one budget and give its verdict.
+    """Grade a run's results (:func:`grade`: the law's budget and the conformance one) and give its verdict.
 
     The verdict is :func:`run_verdict`'s: a failed test fails the run, an implementation
     error without one makes it ``"error"``, and a run with no result at all fails.
     """
     graded = grade(results, alpha=alpha) if results else ()
-    return tuple(graded), run_verdict(graded, errors)
+    return tuple(graded), run_verdict(graded, errors, gate_conformance=gate_conformance)
 
 
-def run_verdict(graded_results: Sequence[TestResult], errors: Sequence[str]) -> str:
+def run_verdict(graded_results: Sequence[TestResult], errors: Sequence[str], *, gate_conformance: bool = False) -> str:
     """The verdict of a run from its graded results and its implementation errors.
 
     ``"fail"`` when a test of the law failed (a record that only holds an implementation
@@ -235,10 +258,11 @@ def run_verdict(graded_results: Sequence[TestResult], errors: Sequence[str]) -> 
     other scenarios could not be tested; otherwise ``"error"`` when the implementation could
     not be tested somewhere; otherwise :func:`verdict` of the tests.  A run with neither
     tests nor errors fails: a silent pass is never the outcome of a run that tested nothing.
+    The tests are the law's; rule-conformance tests join them with ``gate_conformance=True``.
     """
-    tests = [r for r in graded_results if not is_error_record(r)]
+    tests = verdict_results(graded_results, gate_conformance=gate_conformance)
     if any(r.grade == FAIL for r in tests):
         return FAIL
     if errors:
         return ERROR
-    return verdict(tests) if tests else FAIL
+    return verdict(tests, gate_conformance=gate_conformance) if tests else FAIL

@@ -13,7 +13,9 @@ under test on exact table models; :func:`analyse_run` turns the run into tests:
 * ``directed`` -- randomised PIT ordered by p and by q/p, entropy and ratio
   scores (mean 0 under H0), on a capped prefix of rows;
 * ``acceptance`` per in-block position -- accepted drafts vs the exact per-trial
-  probabilities sum_x min(p, q);
+  probabilities sum_x min(p, q): rule conformance (is the rule the declared one?), graded
+  under its own budget and out of the verdict unless ``gate_conformance=True``
+  (:mod:`specverify.core.conformance`);
 * ``independence`` -- collisions between the first tokens of the rows of each batch;
 * ``dependence`` -- rows of one verify call in pairs (adjacent, offsets of 32..256 and the
   declared block size, tile edges, first and last, random): their first tokens and bonus
@@ -22,7 +24,8 @@ under test on exact table models; :func:`analyse_run` turns the run into tests:
   emitted prefix = drafts, determinism for a fixed generator seed).
 
 Bins depend only on expected values.  All results of a run are graded together
-(:func:`specverify.stats.grade`, weighted Holm at ``alpha``).  Same code and seed
+(:func:`specverify.stats.grade`, weighted Holm at ``alpha``; the conformance tests in a budget
+of their own).  Same code and seed
 give the same verdict: every scenario's generator is seeded from
 ``(seed, scenario name)`` (:func:`specverify.verifier.scenarios.scenario_seed`).
 
@@ -51,7 +54,7 @@ from specverify.core.repro import python_repro
 from specverify.core.results import Report, TestResult, protocol_result
 from specverify.core.seeds import scenario_seed
 from specverify.core.tables import TableModel
-from specverify.core.validation import check_alpha, check_int, check_run_options
+from specverify.core.validation import check_alpha, check_bool, check_int, check_run_options
 from specverify.shard.collect import Parallel, collect_runs
 from specverify.shard.work import Job
 from specverify.verifier.harness import HarnessRun, run_harness
@@ -328,6 +331,7 @@ def check_verifier(
     shards: int | None = None,
     ray_address: str | None = None,
     until_decisive: bool = False,
+    gate_conformance: bool = False,
 ) -> Report:
     """Statistically audit a speculative-sampling verifier; return a :class:`~specverify.core.results.Report`.
 
@@ -379,16 +383,24 @@ def check_verifier(
         Anytime stopping (:mod:`specverify.verifier.anytime`): e-processes get 10% of alpha and
         the run stops at the first decisive one (``report.extra["anytime"]`` says how many
         samples it used); otherwise the battery is graded at 90% of alpha.
+    gate_conformance : bool
+        Make rule conformance part of the verdict: a verifier whose acceptance differs from
+        the canonical rule's (a lossless rule that is not the declared one, such as
+        sample-and-match with a stochastic drafter) then fails.  By default the verdict
+        answers only whether the target distribution is preserved, and conformance is
+        reported on its own line (``report.conformance``), graded under its own budget.
 
     Returns
     -------
     Report
-        ``kind="verifier"``; ``verdict`` "fail" when any test fails after the error budget
-        or the verifier violated its protocol (messages in ``errors``).
+        ``kind="verifier"``; ``verdict`` "fail" when any test of the law fails after the error
+        budget (or a conformance test, with ``gate_conformance``) or the verifier violated its
+        protocol (messages in ``errors``).
     """
     if not callable(verify):
         raise InvalidArgument(f"verify must be callable, got {verify!r}")
     seed, alpha = check_run_options(tier, TIERS, seed, alpha, progress)
+    gate = check_bool("gate_conformance", gate_conformance)
     dev, prob_dtype = check_device("device", device), check_prob_dtype("dtype", dtype)
     chosen = get_scenarios(scenarios, greedy=greedy)
     parallel = Parallel(workers, backend, shards, ray_address, until_decisive=until_decisive)
@@ -430,7 +442,7 @@ def check_verifier(
             outcome.cpu_seconds,
             outcome.extra,
         )
-    verdict = stats.run_verdict(graded, errors)
+    verdict = stats.run_verdict(graded, errors, gate_conformance=gate)
     timings["total"] = time.perf_counter() - start
     cpu["total"] = time.process_time() - cpu_start
     return Report(
@@ -463,8 +475,10 @@ def check_verifier(
                 implementation=implementation,
                 **device_keywords(dev, prob_dtype),
                 **parallel.keywords(),
+                gate_conformance=gate or None,
             ),
         ),
+        gate_conformance=gate,
     )
 
 
@@ -489,10 +503,12 @@ def check_verifier_on(
     seed: int = 0,
     alpha: float = 1e-3,
     name: str = "custom",
+    gate_conformance: bool = False,
 ) -> Report:
     """One-scenario audit of ``verify`` on user-supplied table models (same tests as :func:`check_verifier`)."""
     if not callable(verify):
         raise InvalidArgument(f"verify must be callable, got {verify!r}")
+    gate = check_bool("gate_conformance", gate_conformance)
     seed = check_int("seed", seed, minimum=0)
     alpha = check_alpha("alpha", alpha)
     start = time.perf_counter()
@@ -524,11 +540,12 @@ def check_verifier_on(
         tier="custom",
         seed=seed,
         alpha=alpha,
-        verdict=stats.run_verdict(graded, errors),
+        verdict=stats.run_verdict(graded, errors, gate_conformance=gate),
         results=tuple(graded),
         errors=tuple(errors),
         scenarios=(config,),
         timings={name: time.perf_counter() - start, "total": time.perf_counter() - start},
         environment=environment(),
         extra={"mode": "sampling"},
+        gate_conformance=gate,
     )

@@ -367,8 +367,9 @@ def test_sequential_gof_stops_and_reports():
 # ----------------------------------------------------------------------------- grading
 def test_weighted_holm_hand_example():
     mk = lambda fam, p: TestResult(statistic=0.0, pvalue=p, name=fam, family=fam, method="", n=1)  # noqa: E731
-    res = [mk("gof", 4e-4), mk("directed", 2e-4), mk("acceptance", 0.01), mk("acceptance", 0.9)]
-    g = stats.grade(res, alpha=1e-3, family_weights={"gof": 2, "directed": 1, "acceptance": 1})
+    # (the rule-conformance family "acceptance" has a budget of its own: tests/stats/test_conformance_budget.py)
+    res = [mk("gof", 4e-4), mk("directed", 2e-4), mk("independence", 0.01), mk("independence", 0.9)]
+    g = stats.grade(res, alpha=1e-3, family_weights={"gof": 2, "directed": 1, "independence": 1})
     # weights 0.5, 0.25, 0.125, 0.125; p/w = 8e-4, 8e-4, 0.08, 7.2 (tie -> input order)
     # adjusted: 4e-4*1/0.5 = 8e-4; 2e-4*0.5/0.25 = 4e-4 -> 8e-4; 0.01*0.25/0.125 = 0.02; 0.9*1 -> 0.9
     assert [r.adjusted_pvalue for r in g] == pytest.approx([8e-4, 8e-4, 0.02, 0.9])

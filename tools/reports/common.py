@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from specverify.core.conformance import CONFORMANCE_FAMILIES
+
 __all__ = [
     "TEMPLATES",
     "read_template",
@@ -98,7 +100,13 @@ def evidence(report: dict) -> str:
     parts = []
     if report["errors"]:
         parts.append(f"implementation error in {len(report['errors'])} scenarios, e.g. {report['errors'][0]}")
-    stats = [r for r in report["results"] if r["family"] != "protocol" and r["adjusted_pvalue"] is not None]
+    gated = report.get("gate_conformance", True)  # a schema-1 report graded acceptance with the law
+    rule = [r for r in report["results"] if r["family"] in CONFORMANCE_FAMILIES and r["adjusted_pvalue"] is not None]
+    stats = [
+        r
+        for r in report["results"]
+        if r["family"] != "protocol" and r["adjusted_pvalue"] is not None and (gated or r not in rule)
+    ]
     flagged = [r for r in stats if r["grade"] in ("fail", "suspicious")]
     if flagged:
         parts.append(
@@ -109,6 +117,10 @@ def evidence(report: dict) -> str:
         parts.append(f"no test flagged; smallest raw p: {_result_text(smallest)}")
     else:
         parts.append("no test flagged")
+    rule_flagged = [r for r in rule if r["grade"] in ("fail", "suspicious")]
+    if not gated and rule_flagged:
+        worst = min(rule_flagged, key=lambda r: (r["adjusted_pvalue"], -abs(_num(r["statistic"]))))
+        parts.append(f"rule conformance {worst['grade'].upper()} (not gating): {_result_text(worst)}")
     return "; ".join(parts)
 
 

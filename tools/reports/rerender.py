@@ -53,7 +53,7 @@ def rerendered(report: Report) -> Report:
     """``report`` with current specs and its verdict recomputed from its recorded results and errors."""
     return dataclasses.replace(
         report,
-        verdict=stats.run_verdict(report.results, report.errors),
+        verdict=stats.run_verdict(report.results, report.errors, gate_conformance=report.gate_conformance),
         command=current_specs(report.command),
         implementation=current_specs(report.implementation),
     )

@@ -51,8 +51,9 @@ CONFIGS: tuple[tuple[str, str, str, list[str]], ...] = (
      ["--verifier", f"{MOD}:rejection_sample_pointmass_verifier", *ONE_HOT]),
     ("rejection_sample_greedy", "pass", "`rejection_sample`, all_greedy (greedy kernel), `--greedy` battery",
      ["--verifier", f"{MOD}:RejectionSampleVerifier", "--verifier-option", "greedy=True", "--greedy"]),
-    ("control_rejection_sample_none_stochastic", "fail",
-     "control: `rejection_sample` with draft_probs=None under stochastic drafters (the vLLM #40149 misuse)",
+    ("control_rejection_sample_none_stochastic", "pass",
+     "control: `rejection_sample` with draft_probs=None under stochastic drafters (the vLLM #40149 misuse: "
+     "lossless, not the declared rule; rule conformance FAIL)",
      ["--verifier", f"{MOD}:RejectionSampleVerifier", "--verifier-option", "draft_probs=none"]),
     ("forward_t1.0", "pass", "`RejectionSampler.forward`, temperature 1, q passed, per-request generators",
      ["--verifier", f"{MOD}:rejection_sampler_forward_verifier"]),

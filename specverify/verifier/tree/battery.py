@@ -7,7 +7,10 @@ absolute position, per in-round position (depth) and per context node, directed 
 score tests, acceptance per depth against its exact value, within-batch collisions.  Added
 here: the law of the accepted depth per round, against its exact value
 (:func:`specverify.verifier.tree.laws.round_law`), in the most visited root contexts.
-Everything is graded once under one error budget (:func:`specverify.stats.grade_run`).
+Everything is graded once (:func:`specverify.stats.grade`): the law tests under one error
+budget, the acceptance tests (rule conformance against the declared mode's rule,
+:mod:`specverify.core.conformance`) under their own, out of the verdict unless
+``gate_conformance=True``.
 
 The verifier is called with float32 rows through
 :func:`~specverify.protocols.tree.call_tree_verifier`; an exception, a protocol
@@ -31,7 +34,7 @@ from specverify.core.devices import check_device, check_prob_dtype, device_extra
 from specverify.core.environment import callable_name, environment
 from specverify.core.errors import InvalidArgument
 from specverify.core.results import Report, TestResult, protocol_result
-from specverify.core.validation import check_run_options
+from specverify.core.validation import check_bool, check_run_options
 from specverify.shard.collect import Parallel
 from specverify.verifier.battery import analyse_run
 from specverify.verifier.pairs import declared_block_size
@@ -176,6 +179,7 @@ def check_tree_verifier(
     shards: int | None = None,
     ray_address: str | None = None,
     until_decisive: bool = False,
+    gate_conformance: bool = False,
 ) -> Report:
     """Statistically audit a tree / multi-draft verifier; return a :class:`~specverify.core.results.Report`.
 
@@ -207,6 +211,9 @@ def check_tree_verifier(
         dtype of the probabilities handed in: float32 (default), bfloat16, float16.
     workers, backend, shards, ray_address, until_decisive : optional
         Sharded execution and anytime stopping, as in :func:`specverify.check_verifier`.
+    gate_conformance : bool
+        Make rule conformance (acceptance per depth and the accepted-depth law against the
+        declared mode's rule) part of the verdict, as in :func:`specverify.check_verifier`.
 
     Returns
     -------
@@ -217,6 +224,7 @@ def check_tree_verifier(
     if not callable(verify_tree):
         raise InvalidArgument(f"verify_tree must be callable, got {verify_tree!r}")
     seed, alpha = check_run_options(tier, TIERS, seed, alpha, progress)
+    gate = check_bool("gate_conformance", gate_conformance)
     dev, prob_dtype = check_device("device", device), check_prob_dtype("dtype", dtype)
     chosen = get_tree_scenarios(scenarios, modes=modes)
     if not chosen:
@@ -237,7 +245,7 @@ def check_tree_verifier(
     graded, errors, timings = outcome.results, outcome.errors, outcome.timings
     summaries.update(outcome.summaries)
     summaries = {s.name: summaries[s.name] for s in chosen if s.name in summaries}
-    verdict = stats.run_verdict(graded, errors)
+    verdict = stats.run_verdict(graded, errors, gate_conformance=gate)
     timings["total"] = time.perf_counter() - start
     name = implementation or callable_name(verify_tree)
     return Report(
@@ -259,6 +267,7 @@ def check_tree_verifier(
             **device_extra(dev, prob_dtype),
             **outcome.extra,
         },
+        gate_conformance=gate,
     )
 
 
