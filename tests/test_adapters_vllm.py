@@ -174,7 +174,7 @@ def _run(verify, p, q, x, seed=1):
     return verify(p, q, x, generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("seeding", ["per_request", "global"])
+@pytest.mark.parametrize("seeding", ["per_request", "global", "mixed"])
 def test_rejection_sample_is_deterministic_and_well_formed(vllm_adapter, seeding):
     v = vllm_adapter.RejectionSampleVerifier(seeding=seeding)
     p, q, x = _batch(B=64, K=3, V=6)

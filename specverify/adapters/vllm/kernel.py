@@ -34,7 +34,8 @@ seeds torch's global CPU generator inside ``torch.random.fork_rng()`` (the calle
 state is restored), seeds 1..B each seed a ``torch.Generator`` handed to vLLM as
 ``SamplingMetadata.generators[b]`` -- exactly what the engine does for requests with a
 ``seed`` (``seeding="global"`` passes no generators: the unseeded requests' path, drawing
-from the forked global generator).  :class:`RejectionSampleVerifier` then draws the bonus
+from the forked global generator; ``seeding="mixed"`` seeds the even rows only, a batch of
+seeded and unseeded requests as in vLLM PR #10863).  :class:`RejectionSampleVerifier` then draws the bonus
 tokens from ``generator``.  vLLM draws, per request, K float64 uniforms then V float32
 Exp(1) variates (one vector per request, shared by its positions); ``forward`` first draws
 the bonus token's seed.
@@ -78,7 +79,7 @@ __all__ = [
 ]
 
 DRAFT_PROBS_MODES = ("full", "pointmass", "none")
-SEEDING_MODES = ("per_request", "global")
+SEEDING_MODES = ("per_request", "global", "mixed")
 _MAX_SEED = 2**63 - 1
 _ONE_HOT_ATOL = 1e-6
 
@@ -186,8 +187,9 @@ class _VllmVerifier:
         """A ``SamplingMetadata`` for B sampling (or greedy) requests, no penalties or processors."""
         ns = self.vllm
         generators = {}
-        if self.seeding == "per_request" and not self.greedy:
-            generators = {b: torch.Generator().manual_seed(s) for b, s in enumerate(seeds)}
+        if self.seeding in ("per_request", "mixed") and not self.greedy:
+            step = 2 if self.seeding == "mixed" else 1  # mixed: even rows seeded, odd rows unseeded (vLLM PR #10863)
+            generators = {b: torch.Generator().manual_seed(seeds[b]) for b in range(0, B, step)}
         values = dict(
             temperature=None if self.greedy else torch.full((B,), float(temperature), dtype=torch.float32),
             all_greedy=self.greedy,
@@ -257,8 +259,9 @@ class RejectionSampleVerifier(_VllmVerifier):
     draft_probs : {"full", "pointmass", "none"}
         What vLLM gets as ``draft_probs``: q (float32), or None with one-hot drafts
         required (``"pointmass"``) or not checked (``"none"``, a control).
-    seeding : {"per_request", "global"}
-        Per-request ``torch.Generator`` s (seeded requests) or none (unseeded requests).
+    seeding : {"per_request", "global", "mixed"}
+        Per-request ``torch.Generator`` s (seeded requests), none (unseeded requests), or
+        generators for the even rows only (a batch mixing seeded and unseeded requests).
     greedy : bool
         Temperature-0 requests (``all_greedy``): vLLM's greedy kernel; audit with ``--greedy``.
         The bonus token is then the lowest-id argmax of ``p_{K+1}``.
