@@ -26,6 +26,10 @@ reuse_accept_uniform        pos8_uniform_k4                  any rejection path
 rows_share_uniforms         pos8_uniform_k4                  B > 1: the within-batch collision test
 emitted_plus_one            pos8_uniform_k4                  any
 emitted_drop_last           pos8_uniform_k4                  K >= 2
+tile_wrapped_rng            pos8_boundary129_uniform_k2      calls of 65..129 rows: rows 64 apart share uniforms
+neighbour_scratch           pos16_noisy_k1                   K = 1, frequent bonus draws: adjacent rows' pairs
+rejection_index_wrong_row   pos8_uniform_k4                  rows reject at different positions
+batch_over_64               pos8_boundary129_uniform_k2      calls above and below 64 rows
 ==========================  ===============================  ======================================================
 
 Equivalents: ``requires`` mentioning "one-hot q" -> the deterministic-drafter
@@ -81,6 +85,11 @@ MUTANT_SCENARIOS: dict[str, tuple[str, ...]] = {
     "emitted_plus_one": ("pos8_uniform_k4",),
     "emitted_drop_last": ("pos8_uniform_k4",),
     "uniforms_reuse_rejected": ("pos8_uniform_k4", "pos16_noisy_k1"),
+    # the row-layout class (specverify.mutants.rows)
+    "tile_wrapped_rng": ("pos8_boundary129_uniform_k2",),
+    "neighbour_scratch": ("pos16_noisy_k1",),
+    "rejection_index_wrong_row": ("pos8_uniform_k4",),
+    "batch_over_64": ("pos8_boundary129_uniform_k2",),
 }
 # fmt: on
 
