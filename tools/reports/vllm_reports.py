@@ -50,6 +50,11 @@ CONFIGS: tuple[tuple[str, str, str, list[str]], ...] = (
     ("rejection_sample_q_mixed_seeding", "pass",
      "`rejection_sample`, q passed, even rows seeded and odd rows unseeded in one batch (vLLM PR #10863's setting)",
      ["--verifier", f"{MOD}:RejectionSampleVerifier", "--verifier-option", "seeding=mixed"]),
+    ("rejection_sample_q_mixed_seeding_standard_boundary129", "pass",
+     "follow-up of the mixed-seeding smoke run's suspicious test: the same at `--tier standard` on "
+     "pos8_boundary129_uniform_k2 only, seed 1 (fresh groups: seed 0's first groups are the smoke run's)",
+     ["--verifier", f"{MOD}:RejectionSampleVerifier", "--verifier-option", "seeding=mixed", "--scenario",
+      "pos8_boundary129_uniform_k2", "--tier", "standard", "--seed", "1"]),
     ("rejection_sample_pointmass", "pass", "`rejection_sample`, draft_probs=None, one-hot drafters only",
      ["--verifier", f"{MOD}:rejection_sample_pointmass_verifier", *ONE_HOT]),
     ("rejection_sample_greedy", "pass", "`rejection_sample`, all_greedy (greedy kernel), `--greedy` battery",
