@@ -71,7 +71,7 @@ def accepted_length_results(tree_run: TreeHarnessRun, scenario: TreeScenario, ta
     """
     parents = scenario.drafting.template_parents()
     if parents is None or scenario.drafting.duplicate:
-        return [], "accepted-depth law not modelled for dynamic or duplicate-sibling trees", None
+        return [], "accepted-depth law not modelled for dynamic, pruned or duplicate-sibling trees", None
     keys = tree_run.root_target_contexts * drafter.num_contexts + tree_run.root_draft_contexts  # (rounds,)
     values, counts = torch.unique(keys, return_counts=True)
     order = torch.argsort(-counts, stable=True)[:LENGTH_STRATA]
