@@ -252,7 +252,7 @@ def _entry(name, kind, kernel, description, provenance, needs="", requires=""):
 IID_OR_TOPK = (
     "markov8_iid_2x2,markov8_topk_3x2,markov8_dynamic_eagle2,markov8_any_2x2,markov8_iid_padded,"
     "pos32_disjoint_iid_wide,markov4_deep_narrow_iid,markov8_topk_duplicates,pos32_disjoint_edge_coins,"
-    "markov12_iid_overlap_6x2,ngram3_iid_ragged"
+    "markov12_iid_overlap_6x1,ngram3_iid_ragged"
 )
 TOPK_OR_ANY = (
     "markov8_topk_3x2,markov8_dynamic_eagle2,markov8_any_2x2,markov8_topk_duplicates,pos32_disjoint_edge_coins"

@@ -21,7 +21,7 @@ from specverify.verifier.tree.scenarios import get_tree_scenarios
 
 
 def _trees(spec: TreeDrafting, b: int = 256, seed: int = 0):
-    (scenario,) = get_tree_scenarios(["markov12_iid_overlap_6x2"])
+    (scenario,) = get_tree_scenarios(["markov12_iid_overlap_6x1"])
     target, drafter = scenario.build()
     tctx = torch.arange(b) % target.num_contexts  # (b,)
     dctx = torch.arange(b) % drafter.num_contexts  # (b,)
