@@ -65,7 +65,10 @@ class TreeScenario:
     edge_coins : bool
         Hand a uniforms-in kernel exact-zero coins on every fourth row; only the exact
         (support and protocol) tests are graded, as zero coins bias the law of a correct
-        rule's output only on a null set that the statistics would otherwise weigh.
+        rule's output only on a null set that the statistics would otherwise weigh.  A plain
+        protocol verifier (the reference's ``verify_tree`` too) skips it: it draws its own
+        uniforms, where an exact 0 has probability 2**-53 per float64 draw and cannot be
+        steered onto a test by a seed (``battery.SKIP_NOTE``).
     """
 
     name: str
