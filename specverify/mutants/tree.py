@@ -8,7 +8,9 @@ the harness can also hand it edge-case coins.  Two walkers cover them:
 * :func:`sibling_walk` -- the sibling-by-sibling rules (SpecInfer, RRSw, top-k) with one
   step swapped: the accept test, the rejection update of ``r``, whether ``q`` loses the
   drawn siblings (without replacement), whether duplicate siblings are skipped, which
-  node's ``q`` is used, the order siblings are verified in;
+  node's ``q`` is used, the order siblings are verified in, whether the residual is
+  renormalised after late rejections, which coin a sibling is tested with, whether padding
+  nodes and the first row's tree shape leak into the residual update;
 * :func:`coin_walk` -- SGLang's coin-based target-only kernel
   (``tree_speculative_sampling_target_only``: one coin per node, ``S_i`` the cumulative
   target mass of the siblings so far, accept sibling i iff ``p(x_i) > 0`` and
@@ -51,6 +53,29 @@ class SiblingSteps:
     skip_duplicates: bool = True  # mode "topk": a repeated token gets no second chance
     q_from_root: bool = False  # every slot verified with the root's draft row
     reverse: bool = False  # siblings verified last to first
+    unnormalised_from: int = 0  # from this many rejections at a slot on, r <- (r - q)+ is not renormalised (0: never)
+    rank_coin: bool = False  # a sibling tested with the coin of its rank among its siblings (reused across depths)
+    padding_rejects: bool = False  # a padding node counts as a rejected sibling of the real node before it
+    first_row_loop: bool = False  # the sibling loop runs over the first row's children; r updated unmasked
+
+
+def ghost_parents(parents: torch.Tensor) -> torch.Tensor:
+    """``parents`` (B, N) with every padding node given the parent of the nearest real node before it.
+
+    A fixed-width sibling block's unused entries, as a kernel that stores trees that way sees
+    them; padding before the first real node stays padding.
+    """
+    B, N = parents.shape
+    real = parents != PAD  # (B, N)
+    position = torch.arange(N).expand(B, N)
+    last_real = torch.where(real, position, -1).cummax(-1).values  # (B, N) nearest real node at or before n
+    borrowed = parents.gather(1, last_real.clamp(min=0))  # (B, N)
+    return torch.where(real | (last_real < 0), parents, borrowed)
+
+
+def _first_row_counts(children: torch.Tensor) -> torch.Tensor:
+    """Children of every slot in the FIRST row (N+1,), broadcast to every row: (B, N+1)."""
+    return (children[:1] >= 0).sum(-1).expand(children.shape[0], -1)
 
 
 def _walk(target_probs, tokens, parents, step):
@@ -97,6 +122,10 @@ def sibling_walk(steps: SiblingSteps):
     def kernel(target_probs, draft_probs, tokens, parents, *, mode, coins, final_coins):
         B = target_probs.shape[0]
         rows = torch.arange(B)
+        real_parents = parents.long()
+        ghost = (real_parents == PAD) if steps.padding_rejects else None  # (B, N) padding nodes
+        loop_parents = ghost_parents(real_parents) if steps.padding_rejects else real_parents
+        first_counts = _first_row_counts(children_table(real_parents)) if steps.first_row_loop else None
 
         def step(cur, kids, kid_tokens, p, active):
             r = p.clone()  # (B, V)
@@ -104,24 +133,37 @@ def sibling_walk(steps: SiblingSteps):
             if mode in ("iid", "wor"):
                 q = draft_probs[rows, torch.zeros_like(cur) if steps.q_from_root else cur].double()  # (B, V)
             child = torch.full((B,), -1, dtype=torch.long)
+            rejections = torch.zeros(B, dtype=torch.long)  # (B,) rejected siblings at this slot so far
             order = range(kids.shape[1] - 1, -1, -1) if steps.reverse else range(kids.shape[1])
             for s in order:
                 kid, x = kids[:, s], kid_tokens[:, s]  # (B,)
                 live = active & (kid >= 0) & (child < 0)
                 if mode == "topk" and steps.skip_duplicates and s:
                     live &= ~((kid_tokens[:, :s] == x[:, None]) & (kids[:, :s] >= 0)).any(-1)
-                u = _gather(coins.double(), (kid + 1).clamp(min=0))  # (B,)
+                looped = live.clone()  # (B,) rows whose loop reaches this sibling (the residual is updated there)
+                if ghost is not None:  # a padding entry of the block: never accepted, r updated as if rejected
+                    live = live & ~((kid >= 0) & _gather(ghost, kid.clamp(min=0)))
+                if first_counts is not None:  # the loop bound is the first row's; the update is not masked
+                    looped = active & (child < 0) & (s < _gather(first_counts, cur))
+                    live = live & looped
+                coin = torch.full_like(cur, s + 1) if steps.rank_coin else kid + 1  # (B,) rank s's coin, or its own
+                u = _gather(coins.double(), coin.clamp(min=0))  # (B,)
                 if mode == "any":  # sample-and-match is handled below
                     break
                 r_x = _gather(r, x)
                 accept = live & ((u < r_x) if mode == "topk" else (u * _gather(q, x) < r_x))
-                reject = (live & ~accept)[:, None]
+                reject = (looped & ~accept)[:, None]
+                rejections = rejections + reject[:, 0].long()
                 if steps.reject == "drop" or (mode == "topk" and steps.reject == "residual"):
                     new_r = drop_token(r, x)
                 elif steps.reject == "residual":
                     new_r = canonical_residual(r, q)
                 else:
                     new_r = r
+                if steps.unnormalised_from and mode != "topk":
+                    raw = (r - q).clamp_min(0.0)  # (B, V)
+                    late = (rejections >= steps.unnormalised_from) & (raw.sum(-1) > 0)  # (B,)
+                    new_r = torch.where(late[:, None], raw, new_r)
                 r = torch.where(reject, new_r, r)
                 if mode == "wor" and steps.wor_update:
                     kept = q.scatter(1, x[:, None], 0.0)
@@ -130,11 +172,13 @@ def sibling_walk(steps: SiblingSteps):
             if mode == "any":  # y ~ p with the slot's coin; descend into the first child holding y
                 y = inverse_cdf(p, _gather(coins.double(), cur)[:, None])[0]  # (B,)
                 match = (kids >= 0) & (kid_tokens == y[:, None])  # (B, S)
+                if ghost is not None:  # padding is never descended into
+                    match &= ~ghost.gather(1, kids.clamp(min=0))
                 first = kids.gather(1, match.long().argmax(-1, keepdim=True)).squeeze(1) if kids.shape[1] else y * 0
                 return torch.where(match.any(-1), first, -1), y
             return child, inverse_cdf(r, final_coins.double()[:, None])[0]
 
-        return _walk(target_probs, tokens, parents, step)
+        return _walk(target_probs, tokens, loop_parents, step)
 
     return kernel
 
@@ -207,7 +251,8 @@ def _entry(name, kind, kernel, description, provenance, needs="", requires=""):
 #: rule's acceptance (sum of p over distinct children) is the mode's: top-k and target-only trees.
 IID_OR_TOPK = (
     "markov8_iid_2x2,markov8_topk_3x2,markov8_dynamic_eagle2,markov8_any_2x2,markov8_iid_padded,"
-    "pos32_disjoint_iid_wide,markov4_deep_narrow_iid,markov8_topk_duplicates,pos32_disjoint_edge_coins"
+    "pos32_disjoint_iid_wide,markov4_deep_narrow_iid,markov8_topk_duplicates,pos32_disjoint_edge_coins,"
+    "markov12_iid_overlap_6x1,ngram3_iid_ragged"
 )
 TOPK_OR_ANY = (
     "markov8_topk_3x2,markov8_dynamic_eagle2,markov8_any_2x2,markov8_topk_duplicates,pos32_disjoint_edge_coins"
@@ -244,6 +289,27 @@ ENTRIES = (
     _entry("cumsum_never_updated", M, coin_walk(frozen_cumsum=True),
            "the final sample's running sum is never updated: the correction is always token 0",
            "sglang-jax reference kernel", "any", requires=TOPK_OR_ANY),
+    _entry("late_residual_unnormalised", M, sibling_walk(SiblingSteps(unnormalised_from=2)),
+           "from the second rejected sibling of a slot on, r <- (r - q)+ is not renormalised: the third and later "
+           "siblings are tested against a residual of mass < 1",
+           "specverify (issue 30: residual-normalisation bugs that only a third sibling sees)",
+           ">= 3 i.i.d. siblings whose residual after two rejections is not dominated by q"),
+    _entry("padding_counted_as_sibling", M, sibling_walk(SiblingSteps(padding_rejects=True)),
+           "a padding node is masked out of the accept test but not out of the residual update: it counts as one "
+           "more rejected sibling of the real node before it (an unused entry of a fixed-width sibling block)",
+           "specverify (issue 30: faults on the padded slots of ragged trees)",
+           "ragged trees with padding after a sibling run and stochastic siblings"),
+    _entry("first_row_sibling_loop", M, sibling_walk(SiblingSteps(first_row_loop=True)),
+           "the sibling loop of every slot runs as many times as the first row's slot has children; the accept test "
+           "is masked per row, the residual update is not: rows whose tree differs from the first row's draw the "
+           "correction from a residual updated for absent siblings",
+           "specverify (issue 30: faults on rows whose tree shape differs from another row's)",
+           "rows of one call with different tree shapes, stochastic siblings"),
+    _entry("coin_per_sibling_rank", M, sibling_walk(SiblingSteps(rank_coin=True)),
+           "a sibling is tested with the coin of its rank among its siblings (coins[b, s+1]) instead of its own: "
+           "the coin that accepted a first child is reused to test that child's first child",
+           "specverify (issue 30: one coin reused for two sibling tests)",
+           "depth >= 2, stochastic siblings"),
     _entry("reversed_siblings", E, sibling_walk(SiblingSteps(reverse=True)),
            "siblings verified last to first: exchangeable under i.i.d. drafts, any order for top-k",
            "specverify", requires=IID_OR_TOPK),

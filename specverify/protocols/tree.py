@@ -249,9 +249,10 @@ class TreeOutput:
 def draw_uniforms(B: int, N: int, *, generator: torch.Generator, device=None):
     """The uniforms a uniforms-in kernel gets: ``coins (B, N+1)`` then ``final_coins (B,)``, float64 in [0, 1).
 
-    ``coins[b, m]`` belongs to slot m (root 0, node n at n+1), ``final_coins[b]`` to the
-    final (correction or bonus) draw; the draw order is fixed, so the same seed gives the
-    same uniforms.
+    ``coins[b, m]`` belongs to slot m (root 0, node n at n+1): node n's own accept test, or
+    one draw at slot m (see :func:`uniforms_in`; each coin drives at most one decision);
+    ``final_coins[b]`` belongs to the final (correction or bonus) draw; the draw order is
+    fixed, so the same seed gives the same uniforms.
     """
     coins = torch.rand((B, N + 1), generator=generator, dtype=torch.float64, device=device)  # (B, N+1)
     final_coins = torch.rand((B,), generator=generator, dtype=torch.float64, device=device)  # (B,)
@@ -266,9 +267,22 @@ def uniforms_in(kernel: Callable) -> Callable:
     kernel : callable
         ``kernel(target_probs, draft_probs, tokens, parents, *, mode, coins, final_coins)``
         returning ``(emitted, num_emitted, path)``; ``coins (B, N+1)`` float64 holds one
-        uniform per slot (SGLang's ``uniform_samples``: the coin of the node being expanded,
-        or of a sibling being tested, as the kernel chooses) and ``final_coins (B,)`` one for
-        the final draw (SGLang's ``uniform_samples_for_final_sampling``).
+        uniform per slot (SGLang's ``uniform_samples``) and ``final_coins (B,)`` one for
+        the final draw (SGLang's ``uniform_samples_for_final_sampling``).  Each coin drives
+        at most one random decision, so that decisions the rule needs independent are:
+
+        * a rule that tests siblings one by one (SpecInfer, RRSw, top-k) tests node n with
+          its own coin ``coins[:, n+1]`` -- every sibling test its own coin, never the coin of
+          another node, of its sibling rank or of the slot being expanded;
+        * a rule that makes one draw per expanded slot (sample-and-match's ``y ~ p``, SGLang's
+          cumulative test of all children against one ``u``) uses that slot's coin
+          ``coins[:, m]`` (root m = 0) for that one draw;
+        * the correction or bonus draw uses ``final_coins``.
+
+        A kernel that reuses a coin (e.g. the coin that accepted a node, again for one of its
+        children) conditions one decision on another and is not lossless; nothing in the
+        output shows it, so the battery's law tests are what catch it (the catalogue's
+        ``coin_per_sibling_rank``).
 
     Returns
     -------

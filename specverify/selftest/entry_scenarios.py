@@ -139,6 +139,10 @@ TREE_MUTANT_SCENARIOS: dict[str, tuple[str, ...]] = {
     "thresholds_below_one": ("markov8_topk_3x2",),
     "greedy_fallback": ("markov8_topk_3x2",),
     "cumsum_never_updated": ("markov8_topk_3x2",),
+    "late_residual_unnormalised": ("markov12_iid_overlap_6x1",),
+    "padding_counted_as_sibling": ("ngram3_iid_ragged",),
+    "first_row_sibling_loop": ("ngram3_iid_ragged",),
+    "coin_per_sibling_rank": ("markov12_iid_overlap_6x1",),
 }
 # fmt: on
 

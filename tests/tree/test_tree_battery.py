@@ -141,6 +141,8 @@ def test_bad_arguments():
         TreeDrafting("topk", (3, 2), duplicate=True),
         TreeDrafting("topk", dynamic=(4, 3, 3, 10)),
         TreeDrafting("any", (2, 2), pad_every=2),
+        TreeDrafting("iid", (3, 2), pad_random=3),
+        TreeDrafting("wor", (3, 2), prune=0.3),
     ],
     ids=lambda s: s.describe(),
 )

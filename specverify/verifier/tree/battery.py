@@ -71,7 +71,7 @@ def accepted_length_results(tree_run: TreeHarnessRun, scenario: TreeScenario, ta
     """
     parents = scenario.drafting.template_parents()
     if parents is None or scenario.drafting.duplicate:
-        return [], "accepted-depth law not modelled for dynamic or duplicate-sibling trees", None
+        return [], "accepted-depth law not modelled for dynamic, pruned or duplicate-sibling trees", None
     keys = tree_run.root_target_contexts * drafter.num_contexts + tree_run.root_draft_contexts  # (rounds,)
     values, counts = torch.unique(keys, return_counts=True)
     order = torch.argsort(-counts, stable=True)[:LENGTH_STRATA]
@@ -99,7 +99,14 @@ def accepted_length_results(tree_run: TreeHarnessRun, scenario: TreeScenario, ta
     return out, "", first
 
 
-SKIP_NOTE = "skipped: edge coins need a uniforms-in kernel (verify_tree.kernel)"
+#: Why the edge-coin scenario cannot run on a plain protocol verifier (the reference's ``verify_tree`` too).
+SKIP_NOTE = (
+    "skipped: edge coins need a uniforms-in kernel (verify_tree.kernel). A plain verifier draws its own "
+    "uniforms from the generator: a float64 uniform is exactly 0 with probability 2**-53 per draw, and no seed "
+    "puts a 0 on a chosen test of an implementation whose draw order is its own, so the harness cannot reach "
+    "the boundary u = 0. Audit the kernel wrapped by specverify.protocols.tree.uniforms_in to run it (the "
+    "reference: uniforms_in(reference.tree_rules.verify_tree_coins))"
+)
 
 
 def _skipped(verify_tree, scenario: TreeScenario) -> bool:

@@ -18,7 +18,12 @@ drafter's row at that node's context, and which nodes are expanded:
 * adversarial variants -- ``duplicate=True`` repeats the first child's token in the second
   child of every expanded node (a lossless verifier must skip it: EAGLE's
   ``evaluate_posterior`` does); ``pad_every = m`` inserts a padding node after every m-th
-  node (padding anywhere in the node list).
+  node (padding anywhere in the node list, one fixed layout);
+* varying layouts -- ``pad_random = m`` inserts m padding nodes at uniformly random places,
+  drawn per row and per round (between siblings too; the real tree keeps its shape);
+  ``prune = f`` drops every node of a fixed shape (with its subtree) with probability f,
+  per row and per round, leaving padding in its place (the unused entries of fixed-width
+  sibling blocks), so rows of one round have different shapes.
 
 :func:`draft_trees` grows one batch of trees from the root contexts of its rows and returns
 the protocol's ``parents``/``tokens`` together with the target and drafter context of every
@@ -50,6 +55,8 @@ class TreeDrafting:
     dynamic: tuple[int, int, int, int] | None = None  # (depth, top_k, frontier, nodes)
     duplicate: bool = False
     pad_every: int = 0
+    pad_random: int = 0
+    prune: float = 0.0
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -63,8 +70,10 @@ class TreeDrafting:
             raise InvalidArgument(f"branching must be a non-empty tuple of positive ints, got {self.branching!r}")
         if self.duplicate and self.mode != "topk":
             raise InvalidArgument(f"duplicate siblings are an adversarial case of mode 'topk', got mode {self.mode!r}")
-        if self.pad_every < 0:
-            raise InvalidArgument(f"pad_every must be >= 0, got {self.pad_every!r}")
+        if self.pad_every < 0 or self.pad_random < 0:
+            raise InvalidArgument(f"pad_every and pad_random must be >= 0, got {self.pad_every!r}, {self.pad_random!r}")
+        if not 0.0 <= self.prune < 1.0 or (self.prune and self.dynamic is not None):
+            raise InvalidArgument(f"prune must be in [0, 1), and 0 for dynamic trees, got {self.prune!r}")
 
     @property
     def num_real_nodes(self) -> int:
@@ -81,15 +90,19 @@ class TreeDrafting:
     def num_nodes(self) -> int:
         """N: nodes per tree handed to the verifier, padding included."""
         n = self.num_real_nodes
-        return n + (n // self.pad_every if self.pad_every else 0)
+        return n + (n // self.pad_every if self.pad_every else 0) + self.pad_random
 
     @property
     def max_depth(self) -> int:
         return self.dynamic[0] if self.dynamic is not None else len(self.branching)
 
     def template_parents(self):
-        """The parents (N,) every row's tree has (fixed shapes; None for dynamic trees)."""
-        if self.dynamic is not None:
+        """The parents (N,) every row's tree has (fixed shapes; None for dynamic or pruned trees).
+
+        With ``pad_random`` the layout varies per row: the template is then the tree without
+        that padding (the same real shape, so the same exact law).
+        """
+        if self.dynamic is not None or self.prune:
             return None
         parents, ids, first = [], [ROOT], 0
         for k in self.branching:
@@ -110,7 +123,12 @@ class TreeDrafting:
             shape = "branching " + "x".join(str(k) for k in self.branching)
         extras = [
             x
-            for x, on in (("duplicate siblings", self.duplicate), (f"padding every {self.pad_every}", self.pad_every))
+            for x, on in (
+                ("duplicate siblings", self.duplicate),
+                (f"padding every {self.pad_every}", self.pad_every),
+                (f"{self.pad_random} padding nodes at random places", self.pad_random),
+                (f"nodes pruned with probability {self.prune}", self.prune),
+            )
             if on
         ]
         return f"{self.mode} children, {shape}" + ("".join(", " + x for x in extras))
@@ -255,6 +273,38 @@ def _pad(trees: DraftedTrees, every: int) -> DraftedTrees:
     return DraftedTrees(*out)
 
 
+def _pad_randomly(trees: DraftedTrees, count: int, generator: torch.Generator) -> DraftedTrees:
+    """Insert ``count`` padding nodes at uniformly random places of every row (parents renumbered)."""
+    b, N = trees.parents.shape
+    M = N + count
+    keys = torch.rand(b, M, generator=generator, dtype=torch.float64)  # (b, M)
+    pad = torch.zeros(b, M, dtype=torch.bool).scatter_(1, keys.topk(count, dim=1).indices, True)  # (b, M)
+    new_index = (~pad).nonzero()[:, 1].view(b, N)  # (b, N) where node n goes, in order
+    par = trees.parents
+    par = torch.where(par >= 0, new_index.gather(1, par.clamp(min=0)), par)  # (b, N)
+    out = [torch.zeros(b, M, dtype=torch.long) for _ in range(4)]
+    out[0].fill_(PAD)
+    for dst, src in zip(out, (par, trees.tokens, trees.target_contexts, trees.draft_contexts)):
+        dst.scatter_(1, new_index, src)
+    return DraftedTrees(*out)
+
+
+def _prune(trees: DraftedTrees, fraction: float, generator: torch.Generator) -> DraftedTrees:
+    """Drop every node with probability ``fraction`` (and its subtree); dropped nodes become padding in place."""
+    b, N = trees.parents.shape
+    dropped = torch.rand(b, N, generator=generator, dtype=torch.float64) < fraction  # (b, N)
+    parents = trees.parents.clone()
+    for n in range(N):  # parents precede children: a dropped parent's node is padding by now
+        par = parents[:, n]  # (b,)
+        above = parents.gather(1, par.clamp(min=0)[:, None]).squeeze(1)  # (b,) the parent's own parent
+        gone = dropped[:, n] | ((par >= 0) & (above == PAD))
+        parents[:, n] = torch.where(gone, PAD, par)
+    real = parents != PAD
+    return DraftedTrees(
+        parents, *(torch.where(real, t, 0) for t in (trees.tokens, trees.target_contexts, trees.draft_contexts))
+    )
+
+
 def draft_trees(
     target: TableModel,
     drafter: TableModel,
@@ -269,4 +319,8 @@ def draft_trees(
         trees = _dynamic_trees(target, drafter, spec, target_contexts, draft_contexts)
     else:
         trees = _fixed_trees(target, drafter, spec, target_contexts, draft_contexts, generator)
-    return _pad(trees, spec.pad_every) if spec.pad_every else trees
+    if spec.prune:
+        trees = _prune(trees, spec.prune, generator)
+    if spec.pad_every:
+        trees = _pad(trees, spec.pad_every)
+    return _pad_randomly(trees, spec.pad_random, generator) if spec.pad_random else trees

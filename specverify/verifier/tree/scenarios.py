@@ -12,14 +12,24 @@ residual not carried / zeroed   markov8_iid_2x2, markov8_wor_3x2 (stochastic sib
 wor verified as i.i.d.          markov8_wor_3x2 (sharpened drafter: removing a drawn sibling moves q)
 q from the wrong node           markov8_iid_2x2, markov4_deep_narrow_iid (context-dependent q)
 duplicate siblings not skipped  markov8_topk_duplicates, markov8_any_2x2 (i.i.d. duplicates)
-padding read as nodes           markov8_iid_padded
+padding read as nodes           markov8_iid_padded, markov12_iid_overlap_6x1, ngram3_iid_ragged
 children on p's zeros           pos32_disjoint_iid_wide (truncated target, disjoint drafter)
 coin <= S accepts p = 0         pos32_disjoint_edge_coins (exact-zero coins, uniforms-in kernels)
 greedy fallback, thresholds     every scenario (the output law is not the target's)
 final sample always token 0     every scenario
-dynamic shapes per row          markov8_dynamic_eagle2 (EAGLE-2 tree, padded per row)
+dynamic shapes per row          markov8_dynamic_eagle2 (EAGLE-2 tree, padded per row), ngram3_iid_ragged
 target-only rules               markov8_any_2x2 (no draft law handed in)
+late residual updates           markov12_iid_overlap_6x1 (6 i.i.d. siblings from a drafter overlapping p)
+one coin for two tests          markov12_iid_overlap_6x1, markov4_deep_narrow_iid (depth >= 2)
+padding as a rejected sibling   ngram3_iid_ragged (pruned nodes leave padding in place)
+first row's shape for all rows  ngram3_iid_ragged (every row's shape drawn anew each round)
 ==============================  =========================================================
+
+Small effects: the i.i.d. scenarios with the temperature-2 drafter leave, after one rejection,
+a residual that q covers, so residual-normalisation bugs there are nearly (or exactly)
+lossless; ``markov12_iid_overlap_6x1`` is the scenario where a third and later sibling is
+tested against a residual that matters.  The layouts of ``markov12_iid_overlap_6x1`` (random
+padding) and ``ngram3_iid_ragged`` (pruned shapes) are drawn per row and per round.
 
 Shapes: V vocabulary, N nodes, D depth.
 """
@@ -55,7 +65,10 @@ class TreeScenario:
     edge_coins : bool
         Hand a uniforms-in kernel exact-zero coins on every fourth row; only the exact
         (support and protocol) tests are graded, as zero coins bias the law of a correct
-        rule's output only on a null set that the statistics would otherwise weigh.
+        rule's output only on a null set that the statistics would otherwise weigh.  A plain
+        protocol verifier (the reference's ``verify_tree`` too) skips it: it draws its own
+        uniforms, where an exact 0 has probability 2**-53 per float64 draw and cannot be
+        steered onto a test by a seed (``battery.SKIP_NOTE``).
     """
 
     name: str
@@ -119,6 +132,15 @@ TREE_SCENARIOS: tuple[TreeScenario, ...] = (
     T("pos32_disjoint_edge_coins", "pos32_topk_disjoint_k4", D("topk", (3,)), edge_coins=True,
       description="exact-zero coins on every fourth row, top-3 children on p's zeros: support only "
                   "(uniforms-in kernels)"),
+    T("markov12_iid_overlap_6x1", "markov12_dirichlet_noisy_k4", D("iid", (6, 1), pad_random=2), batch_size=1024,
+      drafter=("noisy", (("sigma", 2.0),)),
+      description="6 i.i.d. children (one below each) from a full-support drafter overlapping p (noisy, sigma 2): "
+                  "two and more rejections are common and the residual after them is not dominated by q; 2 padding "
+                  "nodes at random places per row and round"),
+    T("ngram3_iid_ragged", "ngram3_v6_stale_k4", D("iid", (3, 2), prune=0.3), batch_size=1024,
+      drafter=("noisy", (("sigma", 2.0),)),
+      description="ragged: a 3x2 i.i.d. tree whose nodes are pruned (padding in place) with probability 0.3 per "
+                  "row and round, so rows of one round differ in shape; a trigram target's 43 contexts"),
 )
 # fmt: on
 
