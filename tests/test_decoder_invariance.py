@@ -1,4 +1,4 @@
-"""Batch invariance of whole decoders (``specverify.decoder.invariance``, run by ``check_decoder``).
+"""Batch invariance of whole decoders (``specverify.decoder.compositions``, run by ``check_decoder``).
 
 A decoder whose law changes only when more than 64 requests share a batch passes every
 single-request test and fails the invariance family; a decoder that declares per-request seeds
@@ -13,7 +13,7 @@ import torch
 
 from specverify.core.tables import markov
 from specverify.decoder import check_decoder
-from specverify.decoder.invariance import COMPOSITIONS
+from specverify.decoder.compositions import COMPOSITIONS
 from specverify.decoder.pipeline import ProtocolDecoder
 from specverify.mutants import by_name
 from specverify.verifier import zoo
@@ -32,7 +32,9 @@ class WrongPast64(ProtocolDecoder):
         if len(prompts) > 64:
             self.verify = by_name("always_accept").fn
         try:
-            return super().generate_requests(prompts, num_samples=num_samples, max_new_tokens=max_new_tokens, seeds=seeds)
+            return super().generate_requests(
+                prompts, num_samples=num_samples, max_new_tokens=max_new_tokens, seeds=seeds
+            )
         finally:
             self.verify = saved
 

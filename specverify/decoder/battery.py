@@ -25,7 +25,7 @@ from ``prompts=``.  Each prompt is one scenario:
 4. batch invariance (exact mode, for a decoder with ``generate_requests``): the first prompt's
    continuations alone and among 1..128 neighbour requests, seeded and unseeded mixed, against
    the exact law and against each other; a seeded request's tokens must not depend on its
-   neighbours when the decoder declares ``per_request_seeds`` (:mod:`.invariance`).
+   neighbours when the decoder declares ``per_request_seeds`` (:mod:`.compositions`).
 
 All results are graded together (weighted Holm, :func:`specverify.stats.grade`) at the
 run's family-wise ``alpha``.  Deterministic: same decoder, seed and tier, same report.
@@ -57,8 +57,8 @@ from specverify.core.validation import check_int, check_run_options
 from specverify.shard.collect import Parallel, TaskUnits, collect_runs
 from specverify.shard.work import Job
 
+from .compositions import COMPOSITIONS, batch_invariance
 from .conditionals import ExactPlan, analyse_exact
-from .invariance import COMPOSITIONS, batch_invariance
 from .protocol import (
     ProgressTicker,
     TargetOn,

@@ -262,7 +262,7 @@ class ProtocolDecoder:
     per_request_seeds = False
 
     def generate_requests(self, prompts, *, num_samples, max_new_tokens: int, seeds) -> list[torch.Tensor]:
-        """Several requests in one batch (:mod:`specverify.decoder.invariance`): one ``(n_i, L)`` tensor each.
+        """Several requests in one batch (:mod:`specverify.decoder.compositions`): one ``(n_i, L)`` tensor each.
 
         Prompts must have one length (rows of equal length are verified together).  The batch
         has one generator, seeded from the first request's seed (0 when it is ``None``).
