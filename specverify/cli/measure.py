@@ -313,7 +313,7 @@ def _measure_verifier(args):
     from specverify.measure.chain import measure_divergence
 
     verify = build_verify(args.verifier, parse_options(args.verifier_option, argument="--verifier-option"))
-    declared = getattr(verify, "declared_law", None)
+    declared = None  # measure_divergence falls back on the verifier's own declared_law (declared_law_of)
     if args.declared_law:
         declared = load_object(args.declared_law, argument="--declared-law")
         options = parse_options(args.declared_option, argument="--declared-option")

@@ -11,7 +11,8 @@ and a test FAILS iff ``p~ <= alpha``: exactly the hypotheses weighted Holm rejec
 family-wise error rate alpha (strong control, any dependence between tests).  A test
 is SUSPICIOUS iff ``alpha < p~ <= min(1, suspicious_factor * alpha)`` (warns, does not
 fail the gate).  Each result's ``alpha`` is set to its first-step share ``w_i * alpha``
-and its ``mde_tv`` is recomputed at that level.
+and its detectable effects -- ``mde_tv``, and a sparse test's ``details["mde_point_mass"]``
+-- are recomputed at that level.
 
 References: S. Holm, "A simple sequentially rejective multiple test procedure",
 Scand. J. Statist. 6 (1979) 65-70; PractRand / TestU01 grading conventions.
@@ -29,6 +30,7 @@ from specverify.core.results import ERROR, FAIL, PASS, SUSPICIOUS, TestResult, i
 
 from ._common import check_alpha
 from .power import min_detectable_tv
+from .sparse import point_mass_mde
 
 __all__ = [
     "DEFAULT_FAMILY_WEIGHTS",
@@ -133,7 +135,9 @@ def grade(
     -------
     tuple of TestResult
         In input order, with ``alpha`` (the allocated share ``w_i * alpha``),
-        ``adjusted_pvalue``, ``grade`` and ``mde_tv`` (at the allocated alpha) set.
+        ``adjusted_pvalue``, ``grade`` and ``mde_tv`` (at the allocated alpha) set, and a
+        sparse test's ``details["mde_point_mass"]`` recomputed at the allocated alpha
+        (:func:`_graded_details`).
 
     Notes
     -----
@@ -177,8 +181,28 @@ def grade(
         if r.mde_tv is not None and r.df and mde_n is not None and math.isfinite(r.mde_tv):
             power = r.details.get("power", 0.9)
             changes["mde_tv"] = min_detectable_tv(mde_n, r.df, share, power)
+        details = _graded_details(r, share)
+        if details is not None:
+            changes["details"] = details
         graded.append(r.replace(**changes))
     return tuple(graded)
+
+
+def _graded_details(result: TestResult, share: float) -> dict | None:
+    """``result.details`` with ``mde_point_mass`` recomputed at ``share``, or None when it has none to recompute.
+
+    Only results that record what the detectable point mass depends on (``mde_n``,
+    ``mde_top_prob``, ``mde_top_weight``; :func:`specverify.stats.sparse.sparse_test`) are changed.
+    """
+    d = result.details
+    if not isinstance(d, Mapping) or "mde_point_mass" not in d:
+        return None
+    try:
+        n, top, weight = int(d["mde_n"]), float(d["mde_top_prob"]), float(d["mde_top_weight"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    power = float(d.get("power", 0.9))
+    return {**d, "mde_point_mass": point_mass_mde(n, top, weight, share, power)}
 
 
 def verdict(graded_results: Iterable[TestResult]) -> str:
