@@ -18,8 +18,9 @@ Strata.  Every distinct set of tokens is measured (and, with a declared law, tes
   (``by_block``).  In-block position 1 is not a stratum of its own: every row opens a
   round at absolute position 0, so the first token of each row at in-block position 1 *is*
   its token at ``abs=0`` -- the same samples, reported and tested once, as ``abs=0``.
-  (Generally, an in-block stratum that holds exactly one absolute position of every row
-  is left to that position.)
+  (Only position 1 is dropped, and only when it is exactly ``abs=0``, so the in-block
+  strata do not depend on the data: a later in-block stratum that happens to coincide with
+  an absolute position, e.g. when every row accepts its first draft, is kept.)
 
 Validity.  Rows are independent.  An absolute position holds one token per row.  For an
 in-block position only the *first* token of each row at that position is used (a
@@ -238,9 +239,9 @@ class MeasureResult:
         return "\n".join(lines)
 
 
-def _is_one_position(rows: torch.Tensor, cols: torch.Tensor, num_rows: int) -> bool:
-    """Whether (rows, cols) is every row at one column: the samples of an absolute-position stratum."""
-    return rows.numel() == num_rows and bool((cols == cols[0]).all())
+def _is_column(rows: torch.Tensor, cols: torch.Tensor, num_rows: int, column: int) -> bool:
+    """Whether (rows, cols) is every row at ``column``: the samples of the stratum ``abs=column``."""
+    return rows.numel() == num_rows and bool((cols == column).all())
 
 
 def _first_per_row(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -446,10 +447,9 @@ def measure_run(
 
     Strata (each measured, and with ``declared_law`` tested, once): ``"abs=t"`` for every
     absolute position t = 0..L-1 (labelled from 0, as the verifier battery labels them) and
-    ``"<stratum>=i"`` for every in-round position i whose first token per row (see the
-    module docstring) is not exactly one absolute position of every row -- in-round
-    position 1 always is (``abs=0``: every row opens a round there), so the in-round strata
-    start at 2.  Acceptance per in-round position from the run's trials; ``mean_accepted``
+    ``"<stratum>=i"`` for every in-round position i >= 2 (first token per row, see the
+    module docstring); in-round position 1 is ``abs=0`` (every row opens a round there) and
+    is not measured a second time.  Acceptance per in-round position from the run's trials; ``mean_accepted``
     drafts per verifier row and ``row_calls`` (verifier rows) come from the caller, which
     knows how rounds are counted.  Each stratum's sample split is drawn from
     :func:`split_generator` ``(seed, name, stratum)``.
@@ -463,7 +463,7 @@ def measure_run(
     by_block = []
     for i in range(1, K + 2):
         rows, cols = _first_per_row(run.block_positions == i)
-        if rows.numel() >= 2 and not _is_one_position(rows, cols, R):
+        if rows.numel() >= 2 and not (i == 1 and _is_column(rows, cols, R, 0)):
             by_block.append(_stratum(f"{stratum}={i}", run, rows, cols, *args))
     overall = _overall(run, all_rows, target, level, by_position, seed=seed, scenario=name)
     accepted = run.trial_accepted.to(torch.float64)  # (T,)
