@@ -4,7 +4,8 @@ The HF ensemble rule (reference.lossy) declares the per-position law ``w p + (1 
 its exact TV from the target is ``(1 - w) TV(p, q)`` at every draft position (0 at the
 bonus position), averaged over the observed contexts.  Every reported interval must
 contain it, the samples must conform to the declared law, and a mis-declared weight must
-fail the conformance check.
+fail the conformance check.  Strata: ``abs=t`` from 0 (as the verifier battery labels
+positions) and ``block=i`` from 2 (in-block position 1 is ``abs=0``), each tested once.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ def test_ensemble_intervals_contain_exact_tv():
         v, scenario="pos8_uniform_k4", seed=0, level=LEVEL, declared_law=v.declared_law, batch_size=2048
     )
     target, drafter = get_scenarios(["pos8_uniform_k4"])[0].build()
-    # abs=1 is always the first draft position: one context, the closed form itself
+    # abs=0 is always the first draft position: one context, the closed form itself
     first = result.by_position[0]
+    assert first.stratum == "abs=0"
     closed = (1 - w) * 0.5 * float((target.table[0] - drafter.table[0]).abs().sum())
     assert first.declared_tv == pytest.approx(closed, abs=1e-12)
     for s in _strata(result):
@@ -56,7 +58,7 @@ def test_ensemble_with_context_dependent_target():
     result = measure_divergence(v, scenario="markov8_temperature_k2", level=LEVEL, declared_law=v.declared_law)
     for s in _strata(result):
         e = s.estimate
-        assert e.num_contexts > 1 or s.stratum in ("abs=1", "block=1")
+        assert e.num_contexts > 1 or s.stratum == "abs=0"
         assert e.tv_lower <= s.declared_tv <= e.tv_upper, f"{s.stratum}: {s.declared_tv} vs {e}"
 
 
@@ -92,7 +94,8 @@ def test_cli_measure_writes_results(tmp_path, capsys):
     for s in data["by_block"] + data["by_position"]:
         assert s["estimate"]["tv_lower"] <= s["declared_tv"] <= s["estimate"]["tv_upper"]
     assert "tokens per target pass" in (tmp_path / "measure.txt").read_text()
-    assert "block=1" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "abs=0" in out and "block=2" in out and "block=1" not in out
 
 
 def test_cli_measure_exit_status(capsys):
@@ -243,10 +246,10 @@ def test_tree_measure_sees_a_lossy_tree_rule_and_not_the_reference():
 
     exact = measure_tree_divergence(verify_tree, scenario="markov8_topk_3x2", level=LEVEL)
     lossy_rule = measure_tree_divergence(by_name("thresholds_below_one").fn, scenario="markov8_topk_3x2", level=LEVEL)
-    assert [s.stratum for s in exact.by_block] == ["depth=1", "depth=2", "depth=3"]
+    assert [s.stratum for s in exact.by_block] == ["depth=2", "depth=3"]  # depth 1 is abs=0
     for s in _strata(exact):
         assert s.estimate.tv_lower == 0.0 and not s.estimate.support_failure, s
-    assert all(lossy_rule.by_block[i].estimate.tv_lower > 0.1 for i in (0, 1))
+    assert lossy_rule.by_position[0].estimate.tv_lower > 0.1 and lossy_rule.by_block[0].estimate.tv_lower > 0.1
     assert lossy_rule.tokens_per_pass > exact.tokens_per_pass > 1.5
     assert len(exact.acceptance_by_block) == 2 and exact.overall is not None
 
@@ -258,7 +261,7 @@ def test_cli_measure_tree_verifier_and_decoder(tmp_path, capsys):
          "--out", str(tmp_path / "tree")]
     )  # fmt: skip
     assert measure_cli.run(tree) == 0
-    assert json.loads((tmp_path / "tree" / "measure.json").read_text())["by_block"][0]["stratum"] == "depth=1"
+    assert json.loads((tmp_path / "tree" / "measure.json").read_text())["by_block"][0]["stratum"] == "depth=2"
     decoder = parser.parse_args(
         ["measure", "--decoder", "specverify.cli.factories:reference_decoder", "--decoder-option", "top_k=5",
          "--target", "specverify.cli.factories:reference_target", "--target-option", "top_k=5",
@@ -278,3 +281,117 @@ def test_cli_measure_tree_verifier_and_decoder(tmp_path, capsys):
     ):  # fmt: skip
         assert measure_cli.run(parser.parse_args(["measure", *argv])) == 2
         assert message in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- issue 30, item 6: loose ends
+
+
+def test_measure_divergence_takes_the_implementations_declared_law():
+    """Like ``specverify measure`` and ``sweep``, the Python entry point checks ``verify.declared_law``
+    when no declared law is given: the same result as passing it explicitly."""
+    from specverify.measure.chain import declared_law_of
+
+    v = lossy.ensemble(0.5)
+    own = measure_divergence(v, scenario="pos8_uniform_k4", batch_size=512)
+    given = measure_divergence(v, scenario="pos8_uniform_k4", batch_size=512, declared_law=v.declared_law)
+    assert own.conformance_verdict in ("pass", "suspicious") and own.conformance
+    assert own.to_dict() | {"seconds": 0} == given.to_dict() | {"seconds": 0}
+    assert all(s.declared_tv is not None for s in _strata(own))
+
+    class Rule:  # an object whose bound verify method is handed in
+        def declared_law(self, target_probs, draft_probs=None):
+            return v.declared_law(target_probs, draft_probs)
+
+        def verify(self, *args, generator):
+            return v(*args, generator=generator)
+
+    rule = Rule()
+    assert declared_law_of(rule.verify) == rule.declared_law and declared_law_of(v) is v.declared_law
+    assert declared_law_of(v, canonical_verify) is canonical_verify and declared_law_of(canonical_verify) is None
+    # an explicit law still wins over the implementation's own
+    wrong = measure_divergence(v, scenario="pos8_uniform_k4", batch_size=1024,
+                               declared_law=lossy.ensemble(0.9).declared_law)  # fmt: skip
+    assert wrong.conformance_verdict == "fail"
+
+
+def test_strata_are_labelled_like_check_verifier_and_tested_once():
+    """Absolute positions are labelled from 0 exactly as the verifier battery labels its per-position tests,
+    and in-block position 1 (the samples of abs=0) is not a second stratum: every stratum once, and its
+    conformance tests (declared GOF, sparse, support) once in the error budget."""
+    import torch
+
+    from specverify.measure.chain import measure_run
+    from specverify.verifier.battery import analyse_run
+    from specverify.verifier.harness import run_harness
+
+    target, drafter = get_scenarios(["pos8_uniform_k4"])[0].build()
+    v = lossy.ensemble(0.5)
+    run = run_harness(v, target, drafter, k=4, batch_size=512, length=8, generator=torch.Generator().manual_seed(3))
+    battery = analyse_run(run, target, drafter, scenario="s", alpha=1e-3, seed=0)
+    battery_abs = {r.position for r in battery if r.name == "gof" and r.position.startswith("abs=")}
+    result = measure_run(run, target, drafter, name="s", tier="smoke", seed=0, level=0.95, declared_law=v.declared_law,
+                         alpha=1e-3, mean_accepted=1.0, row_calls=1)  # fmt: skip
+    assert {s.stratum for s in result.by_position} == battery_abs == {f"abs={t}" for t in range(8)}
+    names = [s.stratum for s in _strata(result)]
+    assert names == [f"block={i}" for i in range(2, 6)] + [f"abs={t}" for t in range(8)]
+    first = run.block_positions[:, 0]
+    assert bool((first == 1).all())  # why block=1 would be abs=0 again
+    per_stratum = {}
+    for r in result.conformance:
+        per_stratum.setdefault(r.position, []).append(r.name)
+    assert set(per_stratum) == set(names)
+    assert all(
+        sorted(tests) == ["declared_gof", "declared_sparse", "declared_support"] for tests in per_stratum.values()
+    )
+    assert result.overall.positions == 8
+
+
+def test_reported_estimate_lies_inside_its_interval_over_strata_and_seeds():
+    """Over 2 rules x 6 seeds x 12 strata (and the 12 overall bands) every reported TV estimate is inside its
+    reported interval; the lossless rule's bias-corrected value is often below its lower bound (0), so some
+    estimates must have been clipped, each flagged with why."""
+    checked = clipped = 0
+    for weight in (0.4, 1.0):
+        v = lossy.ensemble(weight)
+        for seed in range(6):
+            result = measure_divergence(v, scenario="pos8_uniform_k4", seed=seed, batch_size=512)
+            estimates = [s.estimate for s in _strata(result)] + [c for s in _strata(result) if (c := s.estimate.coarse)]
+            for e in [*estimates, result.overall]:
+                assert e.tv_lower <= e.tv <= e.tv_upper, (weight, seed, e)
+                checked += 1
+                clipped += e.tv_clipped is not None
+            for e in estimates:
+                assert (e.tv_clipped is None) == (e.tv == e.tv_bias_corrected)
+                assert e.tv_clipped is None or "lower bound" in e.tv_clipped
+    assert checked == 2 * 6 * 13 and clipped >= 5, f"{clipped} of {checked} clipped"
+    last_clipped = any(s.estimate.tv_clipped for s in _strata(result)) or result.overall.tv_clipped
+    assert ("^ TV clipped to its interval" in result.summary()) == bool(last_clipped)
+
+
+def test_conformance_mde_point_mass_is_at_the_graded_share():
+    from specverify.stats.sparse import point_mass_mde
+
+    v = lossy.ensemble(0.5)
+    result = measure_divergence(v, scenario="pos8_uniform_k4", batch_size=512, alpha=1e-3)
+    sparse = [r for r in result.conformance if r.name == "declared_sparse"]
+    assert len(sparse) == len(_strata(result))
+    for r in sparse:
+        d = r.details
+        assert r.alpha < 1e-3 / 10  # the share of a budget split over many tests
+        at_share = point_mass_mde(d["mde_n"], d["mde_top_prob"], d["mde_top_weight"], r.alpha, d["power"])
+        at_nominal = point_mass_mde(d["mde_n"], d["mde_top_prob"], d["mde_top_weight"], 1e-3, d["power"])
+        assert d["mde_point_mass"] == pytest.approx(at_share, rel=1e-12) and at_share > at_nominal
+
+
+def test_split_is_seeded_from_the_run():
+    """The lower bound's split comes from a generator seeded by (seed, scenario, stratum): same seed, same
+    bounds; the split generators of two strata differ."""
+    from specverify.measure.chain import split_generator
+
+    v = lossy.ensemble(0.5)
+    a = measure_divergence(v, scenario="pos2_least_likely_k2", seed=1)
+    b = measure_divergence(v, scenario="pos2_least_likely_k2", seed=1)
+    assert [s.estimate.tv_lower for s in _strata(a)] == [s.estimate.tv_lower for s in _strata(b)]
+    first = split_generator(1, "pos2_least_likely_k2", "abs=0").initial_seed()
+    assert first != split_generator(1, "pos2_least_likely_k2", "abs=1").initial_seed()
+    assert first != split_generator(2, "pos2_least_likely_k2", "abs=0").initial_seed()

@@ -17,18 +17,22 @@ from specverify.report import content as c
 from specverify.report import render_html, render_markdown
 from specverify.report.plots import bin_axis_label
 from specverify.report.sweep import render_sweep_html, render_sweep_markdown
-from specverify.stats.divergence import DivergenceEstimate
+from specverify.stats.divergence import DivergenceEstimate, clip_to_interval
 
 # ----------------------------------------------------------------------------- builders
 
 
-def _estimate(tv: float, lower: float, upper: float, *, kl: float = 0.1, n: int = 1000) -> DivergenceEstimate:
+def _estimate(raw: float, lower: float, upper: float, *, kl: float = 0.1, n: int = 1000) -> DivergenceEstimate:
+    """An estimate whose bias-corrected value is ``raw``, reported clipped to [lower, upper] as divergence() does."""
+    tv, clipped = clip_to_interval(raw, lower, upper)
     return DivergenceEstimate(
         tv=tv,
         tv_lower=lower,
         tv_upper=upper,
-        tv_plugin=max(tv, 0.0) + 0.01,
+        tv_plugin=raw + 0.01,
         tv_null_bias=0.01,
+        tv_bias_corrected=raw,
+        tv_clipped=clipped,
         upper_method="mcdiarmid",
         coarse=None,
         kl=kl,
@@ -46,12 +50,11 @@ def _estimate(tv: float, lower: float, upper: float, *, kl: float = 0.1, n: int 
 
 def _measure(tv: float, verdict: str | None, *, negative: bool = False) -> MeasureResult:
     blocks = (
-        StratumDivergence("block=1", _estimate(tv, tv - 0.01, tv + 0.02), declared_tv=tv),
-        # below its interval (a lossy law: the bias correction over-subtracts)
+        # bias-corrected value below its interval (a lossy law: the correction over-subtracts), reported clipped
         StratumDivergence("block=2", _estimate(tv - 0.002, tv, tv + 0.03), declared_tv=tv),
         StratumDivergence("block=3", _estimate(-0.003 if negative else 0.001, 0.0, 0.012, kl=-0.0002), 0.0),
     )
-    positions = tuple(StratumDivergence(f"abs={i}", _estimate(tv, tv - 0.01, tv + 0.02), tv) for i in (1, 2))
+    positions = tuple(StratumDivergence(f"abs={i}", _estimate(tv, tv - 0.01, tv + 0.02), tv) for i in (0, 1, 2))
     return MeasureResult(
         scenario="pos8_uniform_k2",
         k=2,
@@ -68,7 +71,7 @@ def _measure(tv: float, verdict: str | None, *, negative: bool = False) -> Measu
         num_tokens=230,
         seconds=0.1,
         conformance_verdict=verdict,
-        overall=OverallTV(tv, tv - 0.01, tv + 0.02, tv, 2, 0.95),
+        overall=OverallTV(tv, tv - 0.01, tv + 0.02, tv, 3, 0.95, None),
     )
 
 
@@ -136,8 +139,11 @@ def test_sweep_table_keeps_the_answer_columns_first_and_marks_odd_estimates():
     header = next(x for x in md.splitlines() if x.startswith("| weight | conformance"))
     assert header == "| weight | conformance | speedup | tokens/pass | mean TV/token | 95% interval | declared TV |"
     assert "| 0.5 | SUSPICIOUS | 1.75x |" in md
-    assert "-0.0030\\* [0.0000, 0.0120]" in md and "\\* TV below 0: the estimate is bias-corrected" in md
-    assert "^ TV below its interval" in md
+    # a negative bias-corrected value is reported clipped to its interval, marked and explained
+    assert "| 0.9 | 0.0500^ [0.0500, 0.0800] | 0.0000^ [0.0000, 0.0120] |" in md and "-0.0030" not in md
+    assert "^ TV clipped to its interval: the bias-corrected value" in md
+    assert "TV per in-block position (position 1 is absolute position 0)" in md
+    assert "TV per absolute position (from 0)" in md and "| abs=0 |" in md
 
 
 def test_sweep_html_has_no_raw_markdown():
@@ -340,11 +346,13 @@ def test_measure_summary_explains_estimates_outside_their_interval():
     text = _measure(0.2, "pass", negative=True).summary()
     lines = text.splitlines()
     negative = next(x for x in lines if x.strip().startswith("block=3"))
-    assert "-0.0030* [0.0000, 0.0120]" in negative and negative.rstrip().endswith("-0.0002*")
+    assert "0.0000^ [0.0000, 0.0120]" in negative and negative.rstrip().endswith("-0.0002*")
     below = next(x for x in lines if x.strip().startswith("block=2"))
-    assert "0.1980^ [0.2000, 0.2300]" in below
-    assert any(x.startswith("* TV below 0: the estimate is bias-corrected") for x in lines)
-    assert any(x.startswith("^ TV below its interval: under a lossy law") for x in lines)
+    assert "0.2000^ [0.2000, 0.2300]" in below  # the estimate is never printed outside its interval
+    assert any(x.startswith("^ TV clipped to its interval: the bias-corrected value") for x in lines)
     assert any(x.startswith("* KL below 0: Miller-Madow corrected") for x in lines)
-    plain = _measure(0.2, "pass").summary()  # no negative estimate: no note about one
-    assert "TV below 0" not in plain and "^ TV below its interval" in plain
+    plain = _measure(0.2, "pass").summary()
+    inside = next(x for x in plain.splitlines() if x.strip().startswith("block=3"))
+    assert "0.0010  [0.0000, 0.0120]" in inside  # inside its interval: no mark
+    unclipped = _measure(0.2, "pass").summary().replace("^ TV clipped", "")
+    assert "^" not in "".join(x for x in unclipped.splitlines() if x.strip().startswith("abs="))

@@ -21,7 +21,8 @@ absolute position of continuations of one prompt against the target's exact cond
 (:func:`specverify.measure.decoder.measure_decoder_divergence`; the draft model's
 conditionals are needed only for a declared law such as ``w p + (1 - w) q``).
 
-Prints per in-block and per absolute position the bias-corrected TV with its confidence
+Prints per absolute position (``abs=t``, t from 0, as the verifier battery counts) and per
+in-block position from 2 (position 1 is ``abs=0``) the TV estimate inside its confidence
 interval, the declared law's exact TV (when there is one: ``--declared-law``, or the
 verify callable's ``declared_law`` attribute, as the factories of ``reference.lossy``
 provide) and KL, then tokens per target pass.  ``--out DIR`` writes ``measure.json``
@@ -313,7 +314,7 @@ def _measure_verifier(args):
     from specverify.measure.chain import measure_divergence
 
     verify = build_verify(args.verifier, parse_options(args.verifier_option, argument="--verifier-option"))
-    declared = getattr(verify, "declared_law", None)
+    declared = None  # measure_divergence falls back on the verifier's own declared_law (declared_law_of)
     if args.declared_law:
         declared = load_object(args.declared_law, argument="--declared-law")
         options = parse_options(args.declared_option, argument="--declared-option")

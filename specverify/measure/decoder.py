@@ -9,6 +9,12 @@ one stratum of :func:`specverify.stats.divergence.divergence` whose contexts are
 distinct generated prefixes before it.  The result is a
 :class:`specverify.measure.chain.MeasureResult` with ``by_position`` only.
 
+Positions are labelled from 1 (``abs=1`` is the first new token), as the decoder battery
+(:mod:`specverify.decoder.conditionals`) labels its per-position tests and as ``positions``
+selects them; the chain and tree measurements label from 0, as the verifier battery does.
+Each stratum's sample split is drawn from
+:func:`specverify.measure.chain.split_generator` ``(seed, name, stratum)``.
+
 Shapes: N samples, T prompt tokens, L new tokens, V vocabulary, C contexts.
 """
 
@@ -31,7 +37,7 @@ from specverify.decoder.protocol import (
     target_conditionals,
     vocab_size_of,
 )
-from specverify.measure.chain import MeasureResult, StratumDivergence
+from specverify.measure.chain import MeasureResult, StratumDivergence, split_generator
 from specverify.stats.budget import grade_run
 from specverify.stats.divergence import divergence
 from specverify.stats.gof import support_test
@@ -103,7 +109,10 @@ def measure_decoder_divergence(
         )
         p_rows = p_all[first, t]  # (C, V) one row per context (the first sample holding it)
         tokens = samples[:, t].numpy()  # (N,)
-        estimate = divergence(tokens, p_rows.numpy(), contexts=ids.numpy(), level=level)
+        position = f"abs={t + 1}"
+        estimate = divergence(
+            tokens, p_rows.numpy(), contexts=ids.numpy(), level=level, generator=split_generator(seed, name, position)
+        )
         declared_tv = None
         if declared_law is not None and q_all is not None:
             law = torch.as_tensor(declared_law(p_rows, q_all[first, t]), dtype=torch.float64)  # (C, V)
@@ -112,12 +121,11 @@ def measure_decoder_divergence(
             declared_tv = float((weights * 0.5 * (law - p_rows).abs().sum(-1)).sum() / num_samples)
             counts = np.bincount(tokens, minlength=p_rows.shape[1])  # (V,)
             expected = (weights[:, None] * law).sum(0).numpy()  # (V,)
-            position = f"abs={t + 1}"
             conformance += gof_pair(counts, expected, scenario=name, position=position, name="declared_gof")
             conformance.append(
                 support_test(counts, expected, scenario=name, position=position, name="declared_support")
             )
-        by_position.append(StratumDivergence(f"abs={t + 1}", estimate, declared_tv))
+        by_position.append(StratumDivergence(position, estimate, declared_tv))
     graded, verdict = grade_run(conformance, [], alpha=alpha) if conformance else ((), None)
     nan = float("nan")
     return MeasureResult(

@@ -5,8 +5,8 @@ Medusa's typical ``posterior_threshold`` / ``posterior_alpha``, SGLang's thresho
 with :func:`specverify.measure.chain.measure_divergence`, on one scenario with one
 seed, and records per value:
 
-* the bias-corrected TV with its confidence interval at every in-block position
-  1..K+1 and every absolute position, and the mean TV per emitted token over the
+* the TV point estimate inside its confidence interval at every absolute position
+  (``abs=0..L-1``) and in-block position 2..K+1 (in-block position 1 is ``abs=0``), and the mean TV per emitted token over the
   absolute positions with a simultaneous (Bonferroni) interval
   (:class:`specverify.measure.chain.OverallTV`);
 * the declared law's exact TV and the conformance verdict, when the verifier declares
@@ -41,7 +41,7 @@ from typing import Any
 from specverify.core.errors import InvalidArgument
 from specverify.core.results import _jsonable, from_jsonable
 from specverify.core.validation import check_int
-from specverify.measure.chain import MeasureResult, estimate_mark, estimate_notes, measure_divergence
+from specverify.measure.chain import MeasureResult, declared_law_of, estimate_mark, estimate_notes, measure_divergence
 from specverify.measure.costmodel import expected_tokens_per_round, speedup
 from specverify.measure.tree import measure_tree_divergence
 
@@ -175,7 +175,7 @@ class SweepResult:
         for p in self.points:
             o = p.measure.overall
             declared = "" if o is None or o.declared_tv is None else f"{o.declared_tv:.4f}"
-            mark = "" if o is None else estimate_mark(o.tv, o.tv_lower)
+            mark = "" if o is None else estimate_mark(o)
             marks.add(mark)
             overall = "" if o is None else f"{o.tv:.4f}{mark} [{o.tv_lower:.4f}, {o.tv_upper:.4f}]"
             blocks = " ".join(
@@ -288,7 +288,7 @@ def sweep(
         if kind == "tree":
             result = measure_tree_divergence(verify, **common)
         else:
-            law = declared_law(value) if declared_law is not None else getattr(verify, "declared_law", None)
+            law = declared_law_of(verify, declared_law(value) if declared_law is not None else None)
             result = measure_divergence(verify, declared_law=law, alpha=alpha, **common)
         points.append(_point(value, result, draft_cost))
         _report(progress, knob, value, result)

@@ -3,9 +3,10 @@
 :func:`measure_tree_divergence` runs the tree harness
 (:func:`~specverify.verifier.tree.harness.run_tree_harness`) over a tree scenario and hands
 its chain-shaped run to :func:`specverify.measure.chain.measure_run`: the strata are the
-in-round depths ``depth=j`` (the j-th token a round emits, first per row; j = D+1 is the
-final token after a fully accepted path) and the absolute positions ``abs=t``, each with the
-bias-corrected TV, its confidence interval, KL and the most over- and under-emitted tokens
+absolute positions ``abs=t`` (t from 0) and the in-round depths ``depth=j`` for j >= 2 (the
+j-th token a round emits, first per row; j = D+1 is the final token after a fully accepted
+path; depth 1 is ``abs=0``, where every row opens a round, so it is measured once, there),
+each with the TV point estimate inside its confidence interval, KL and the most over- and under-emitted tokens
 (:func:`specverify.stats.divergence.divergence`); plus the descent rate per depth, the mean
 accepted depth and tokens per target pass (one verifier call is one target pass over the
 tree).  The validity argument is the chain measurement's: one token per row and stratum,
@@ -80,7 +81,7 @@ def measure_tree_divergence(
     Returns
     -------
     MeasureResult
-        ``by_block`` holds the ``depth=j`` strata, ``acceptance_by_block`` the descent rate at
+        ``by_block`` holds the ``depth=j`` strata (j >= 2; depth 1 is ``abs=0``), ``acceptance_by_block`` the descent rate at
         depths 1..D, ``mean_accepted`` the mean accepted depth, ``tokens_per_pass`` one more.
 
     Raises

@@ -7,7 +7,7 @@ trade-off), then the trade-off table -- one row per knob value with the columns 
 asked for first (conformance, modelled speedup, tokens per target pass, mean TV per token,
 its interval, the declared law's TV) -- then the plot, the TV per in-block and per absolute
 position, and how to read the numbers.  A TV estimate outside its own interval is marked
-(``*`` below 0, ``^`` below the lower bound) and the mark explained under the table
+(``^``: the bias-corrected value was outside its interval and is shown clipped to it) and the mark explained under the table
 (:func:`specverify.measure.chain.estimate_notes`).
 
 The plot has two panels: the mean TV per emitted token with its simultaneous band against
@@ -72,7 +72,7 @@ def _rows(result) -> tuple[list[str], list[list[str]], set[str]]:
     rows, marks = [], set()
     for p in result.points:
         o = p.measure.overall
-        mark = "" if o is None else estimate_mark(o.tv, o.tv_lower)
+        mark = "" if o is None else estimate_mark(o)
         marks.add(mark)
         rows.append(
             [
@@ -100,7 +100,7 @@ def _strata_rows(result, which: str) -> tuple[list[str], list[list[tuple[str, st
             if e is None:
                 cells.append(("", ""))
                 continue
-            mark = estimate_mark(e.tv, e.tv_lower)
+            mark = estimate_mark(e)
             marks.add(mark)
             cells.append((f"{e.tv:.4f}{mark}", f"[{e.tv_lower:.4f}, {e.tv_upper:.4f}]"))
         rows.append([(p.label, ""), *cells])
@@ -109,8 +109,10 @@ def _strata_rows(result, which: str) -> tuple[list[str], list[list[tuple[str, st
 
 def _strata_title(result, which: str) -> str:
     if which == "by_position":
-        return "TV per absolute position"
-    return "TV per in-round depth" if getattr(result, "kind", "chain") == "tree" else "TV per in-block position"
+        return "TV per absolute position (from 0)"
+    if getattr(result, "kind", "chain") == "tree":
+        return "TV per in-round depth (depth 1 is absolute position 0)"
+    return "TV per in-block position (position 1 is absolute position 0)"
 
 
 def _intro(result) -> str:
@@ -124,11 +126,13 @@ def _intro(result) -> str:
     return (
         f"{result.subject}: `{result.knob}` swept over {len(result.points)} values on {shape}, tier {result.tier}, "
         f"seed {result.seed}, the same seed for every "
-        f"value). TV is the bias-corrected total-variation distance of the emitted tokens from the target; "
+        f"value). TV is the total-variation distance of the emitted tokens from the target; "
         f"intervals have level {result.level:.0%} per stratum; the mean TV per token has a simultaneous "
-        f"(Bonferroni over positions) interval. The point estimate subtracts the plug-in's bias under exact "
-        f"sampling; under a lossy law that over-corrects (by at most that bias), so it can sit below the lower "
-        f"bound: the interval is the guarantee. Speedup: memory-bound cost model, "
+        f"(Bonferroni over positions) interval. Absolute positions are counted from 0; the first in-round position (in-block position or depth 1) "
+        f"is absolute position 0 (every row opens a round there), so it is measured once, there. The point "
+        f"estimate subtracts the plug-in's bias under exact sampling and is clipped to its interval (marked ^ "
+        f"where it was: under a lossy law the correction over-subtracts): the interval is the guarantee. "
+        f"Speedup: memory-bound cost model, "
         f"E[tokens per round] / (c K + 1) with a drafter pass costing c = {result.draft_cost:g} target passes. "
         f"`declared TV` is the exact TV of the law the rule declares; `conformance` grades the samples against "
         f"that law (GOF + support, one error budget; SUSPICIOUS warns, only FAIL fails)."
@@ -220,8 +224,9 @@ def render_sweep_plot(result) -> bytes | None:
     ax.legend(fontsize=8)
     ax = axes[1]
     for j, p in enumerate(result.points):
-        blocks = p.measure.by_block
-        xs = [i + (j - len(result.points) / 2) * 0.04 for i in range(1, len(blocks) + 1)]
+        blocks = _in_round(p.measure)
+        xs = [i + (j - len(result.points) / 2) * 0.04 for i, _ in blocks]
+        blocks = [s for _, s in blocks]
         ys = [s.estimate.tv for s in blocks]
         lo = [max(s.estimate.tv - s.estimate.tv_lower, 0.0) for s in blocks]
         hi = [max(s.estimate.tv_upper - s.estimate.tv, 0.0) for s in blocks]
@@ -236,6 +241,15 @@ def render_sweep_plot(result) -> bytes | None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
     return buf.getvalue()
+
+
+def _in_round(measure) -> list:
+    """(in-round position, stratum) pairs: position 1 is ``abs=0`` (every row opens a round there), then ``by_block``."""
+    out = [(int(s.stratum.split("=")[1]), s) for s in measure.by_block]
+    first = [s for s in measure.by_position if s.stratum == "abs=0"]
+    if first and all(i != 1 for i, _ in out):
+        out.insert(0, (1, first[0]))
+    return out
 
 
 def _inline(text: str) -> str:

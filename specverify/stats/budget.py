@@ -11,8 +11,8 @@ and a test FAILS iff ``p~ <= alpha``: exactly the hypotheses weighted Holm rejec
 family-wise error rate alpha (strong control, any dependence between tests).  A test
 is SUSPICIOUS iff ``alpha < p~ <= min(1, suspicious_factor * alpha)`` (warns, does not
 fail the gate).  Each result's ``alpha`` is set to its first-step share ``w_i * alpha``
-and its ``mde_tv`` (and a z-test's ``details[details["mde_key"]]``, from ``mde_per_z``) is
-recomputed at that level.
+and its detectable effects -- ``mde_tv``, a sparse test's ``details["mde_point_mass"]`` and a
+z-test's ``details[details["mde_key"]]`` (from ``mde_per_z``) -- are recomputed at that level.
 
 Two budgets per run: the tests of the law, and the rule-conformance tests
 (:data:`specverify.core.conformance.CONFORMANCE_FAMILIES`: acceptance against the declared
@@ -38,6 +38,7 @@ from specverify.core.results import ERROR, FAIL, PASS, SUSPICIOUS, TestResult
 
 from ._common import check_alpha
 from .power import min_detectable_tv
+from .sparse import point_mass_mde
 
 __all__ = [
     "DEFAULT_FAMILY_WEIGHTS",
@@ -145,7 +146,9 @@ def grade(
     -------
     tuple of TestResult
         In input order, with ``alpha`` (the allocated share ``w_i * alpha``),
-        ``adjusted_pvalue``, ``grade`` and ``mde_tv`` (at the allocated alpha) set.
+        ``adjusted_pvalue``, ``grade`` and ``mde_tv`` (at the allocated alpha) set, and a
+        sparse test's ``details["mde_point_mass"]`` recomputed at the allocated alpha
+        (:func:`_graded_details`).
 
     Notes
     -----
@@ -202,10 +205,9 @@ def _grade_budget(results, index, alpha, family_weights, factor) -> list[TestRes
         if r.mde_tv is not None and r.df and mde_n is not None and math.isfinite(r.mde_tv):
             power = r.details.get("power", 0.9)
             changes["mde_tv"] = min_detectable_tv(mde_n, r.df, share, power)
-        per_z = r.details.get("mde_per_z") if isinstance(r.details, Mapping) else None
-        if per_z is not None and math.isfinite(per_z):  # a z-test's detectable effect, at the share it got
-            power = r.details.get("power", 0.9)
-            changes["details"] = {**r.details, r.details["mde_key"]: _z_effect(share, power) * per_z}
+        details = _graded_details(r, share)
+        if details is not None:
+            changes["details"] = details
         graded.append(r.replace(**changes))
     return graded
 
@@ -213,6 +215,31 @@ def _grade_budget(results, index, alpha, family_weights, factor) -> list[TestRes
 def _z_effect(alpha: float, power: float) -> float:
     """``z_{1-alpha/2} + z_power``: the shift of a two-sided z-test's mean detectable with ``power`` at ``alpha``."""
     return float(_st.norm.isf(alpha / 2)) + float(_st.norm.isf(1 - power))
+
+
+def _graded_details(result: TestResult, share: float) -> dict | None:
+    """``result.details`` with its detectable effects recomputed at ``share``, or None when it has none.
+
+    A sparse test's ``mde_point_mass`` (when it records ``mde_n``, ``mde_top_prob`` and
+    ``mde_top_weight``: :func:`specverify.stats.sparse.sparse_test`); a z-test's effect named by
+    ``mde_key``, ``mde_per_z`` times ``z_{1-share/2} + z_power``
+    (:func:`specverify.stats.dependence.pair_dependence_test`).
+    """
+    d = result.details
+    if not isinstance(d, Mapping):
+        return None
+    power = float(d.get("power", 0.9))
+    out = dict(d)
+    if "mde_point_mass" in d:
+        try:
+            n, top, weight = int(d["mde_n"]), float(d["mde_top_prob"]), float(d["mde_top_weight"])
+            out["mde_point_mass"] = point_mass_mde(n, top, weight, share, power)
+        except (KeyError, TypeError, ValueError):
+            pass
+    per_z = d.get("mde_per_z")
+    if isinstance(per_z, float) and math.isfinite(per_z) and "mde_key" in d:
+        out[d["mde_key"]] = _z_effect(share, power) * per_z
+    return out if out != d else None
 
 
 def verdict(graded_results: Iterable[TestResult], *, gate_conformance: bool = False) -> str:

@@ -14,13 +14,20 @@ context counts ``n_c`` (plain ``TV(Q, P)`` with one context).
   ``nu = floor(m p) + 1`` (Diaconis & Zabell 1991).  ``tv = T^ - E_0[T^]`` is centred on 0
   under exact sampling; under alternatives it is biased downward by at most ``E_0[T^]`` (Jensen:
   ``E T^ >= T``), and upward by at most ``E TV(Q^, Q) - E_0[T^]``.
-* **Lower bound, any V** (sample splitting).  On the first half (even indices) choose
-  ``A_c = {x : Q^_c(x) > P_c(x)}``; on the second half count ``S = #{j : x_j in A_{c_j}}``.
-  ``T >= Q(A) - P(A)``, so a one-sided Clopper-Pearson lower bound for the mean success
-  probability of ``S`` minus the exact ``P(A)`` is a lower confidence bound.  Exact with
-  one context; with several the count is Poisson-binomial and Clopper-Pearson is
-  conservative (Hoeffding 1956, Thm 4) whenever the mean exceeds 1, and inflates the
-  level to at most ``-log(1 - alpha)`` otherwise.
+* **Lower bound, any V** (sample splitting).  A random split drawn from the caller's
+  ``torch.Generator``, stratified by context (each context's samples in a random order, the
+  first ``floor(n_c/2)`` -- plus one with probability 1/2 when ``n_c`` is odd -- to the
+  second half): on the first half choose ``A_c = {x : Q^_c(x) > P_c(x)}``; on the second
+  half count ``S = #{j : x_j in A_{c_j}}``.  ``T >= Q(A) - P(A)``, so a one-sided
+  Clopper-Pearson lower bound for the mean success probability of ``S`` minus the exact
+  ``P(A)`` is a lower confidence bound.  Exact with one context; with several the count is
+  Poisson-binomial and Clopper-Pearson is conservative (Hoeffding 1956, Thm 4) whenever the
+  mean exceeds 1, and inflates the level to at most ``-log(1 - alpha)`` otherwise.  The
+  split must not depend on the order of the samples: a fixed (even / odd index) split
+  under an order correlated with the contexts weights the second half's contexts unlike
+  the estimand's ``n_c / n`` (with a parity-correlated order the bound exceeded T in 91% of
+  runs); the stratified random split gives the second half the weights ``n_c / n`` up to
+  the odd leftovers, whatever the order.
 * **Upper bound** ``T <= T^ + sum_c (n_c/n) TV(Q^_c, Q_c)``, the last term bounded with
   probability ``1 - alpha`` by the smaller (chosen from n_c, V and alpha only, never the
   data) of McDiarmid's ``sum_c (n_c/n) sqrt((V-1)/(4 n_c)) + sqrt(log(1/alpha)/(2n))``
@@ -37,6 +44,18 @@ context counts ``n_c`` (plain ``TV(Q, P)`` with one context).
   failure, when a token of probability exactly 0 was emitted.
 * The tokens most over- and under-emitted (observed minus expected frequency, with z).
 
+* **The reported point estimate** ``tv`` is the bias-corrected ``T^ - E_0[T^]`` *clipped
+  to the interval* ``[tv_lower, tv_upper]`` (its projection onto the interval), with
+  ``tv_clipped`` saying so and why, and the unclipped value in ``tv_bias_corrected``.  The
+  interval is not built around the bias-corrected value (the bounds come from sample
+  splitting and concentration), so that value can fall outside it: below 0 (it is centred
+  on 0 when T = 0) or below the lower bound (under a lossy law the correction subtracts up
+  to ``E_0[T^]`` too much).  It never exceeds the upper bound (``upper >= T^ >= tv``).  The
+  projection is the honest choice: T lies in the interval with probability ``>= level``,
+  and on that event moving an estimate to the nearest point of an interval that contains
+  T never increases its distance from T; outside the interval it would claim a value the
+  data already exclude at that level.
+
 The two-sided interval ``[tv_lower, tv_upper]`` has level ``level`` (each side
 ``(1 - level)/2``).  Estimation needs ~V/log V samples (Valiant & Valiant 2011; Jiao,
 Han & Weissman, arXiv 1705.00807), testing only ~sqrt(V)/eps^2: use the GOF tests to
@@ -51,11 +70,12 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from scipy import special as _sp
 from scipy import stats as _st
 
 from specverify.core.errors import InvalidArgument
-from specverify.core.validation import check_int
+from specverify.core.validation import check_generator, check_int
 
 from ._common import as_float_array, check_alpha
 
@@ -67,6 +87,8 @@ __all__ = [
     "binomial_mad",
     "null_expected_tv",
     "clopper_pearson_lower",
+    "clip_to_interval",
+    "stratified_split",
 ]
 
 
@@ -85,7 +107,10 @@ class TokenDeviation:
 
 @dataclass(frozen=True)
 class CoarseTV:
-    """TV on the coarsening {top-m tokens of each P_c, rest}; a lower bound on the full TV."""
+    """TV on the coarsening {top-m tokens of each P_c, rest}; a lower bound on the full TV.
+
+    ``tv`` is ``tv_bias_corrected`` clipped to ``[tv_lower, tv_upper]``, as in :class:`DivergenceEstimate`.
+    """
 
     tv: float
     tv_lower: float
@@ -94,6 +119,8 @@ class CoarseTV:
     tv_null_bias: float
     top: int
     upper_method: str
+    tv_bias_corrected: float
+    tv_clipped: str | None
 
 
 @dataclass(frozen=True)
@@ -103,11 +130,18 @@ class DivergenceEstimate:
     Attributes
     ----------
     tv : float
-        Bias-corrected plug-in TV, ``tv_plugin - tv_null_bias`` (may be negative).
+        The point estimate: ``tv_bias_corrected`` clipped to ``[tv_lower, tv_upper]``
+        (see the module docstring); always inside the interval.
     tv_lower, tv_upper : float
         Two-sided confidence interval of level ``level`` for the context-weighted TV.
     tv_plugin, tv_null_bias : float
         Plug-in TV and its exact expectation under exact sampling.
+    tv_bias_corrected : float
+        ``tv_plugin - tv_null_bias``, unclipped (centred on 0 under exact sampling; may be
+        negative or below ``tv_lower``).
+    tv_clipped : str or None
+        None when ``tv == tv_bias_corrected``; otherwise what was clipped and why
+        (:func:`clip_to_interval`).
     upper_method : str
         Which upper-bound width was used (McDiarmid or Weissman) and its value.
     coarse : CoarseTV or None
@@ -128,6 +162,8 @@ class DivergenceEstimate:
     tv_upper: float
     tv_plugin: float
     tv_null_bias: float
+    tv_bias_corrected: float
+    tv_clipped: str | None
     upper_method: str
     coarse: CoarseTV | None
     kl: float
@@ -198,6 +234,76 @@ def clopper_pearson_lower(successes: int, trials: int, alpha: float) -> float:
     return float(_st.beta.ppf(alpha, successes, trials - successes + 1))
 
 
+def clip_to_interval(estimate: float, lower: float, upper: float) -> tuple[float, str | None]:
+    """The point estimate reported with an interval: ``estimate`` projected onto ``[lower, upper]``.
+
+    Parameters
+    ----------
+    estimate : float
+        An unclipped point estimate (e.g. the bias-corrected TV).
+    lower, upper : float
+        Its confidence interval, ``lower <= upper``.
+
+    Returns
+    -------
+    (float, str or None)
+        The clipped value and None when nothing was clipped, else why it was.
+
+    Notes
+    -----
+    When the interval contains the true value (probability >= its level), the projection is
+    never farther from it than ``estimate``; outside the interval an estimate claims a value
+    the data exclude at that level.  See the module docstring for why the bias-corrected TV
+    can fall below its lower bound.
+    """
+    if not lower <= upper:
+        raise InvalidArgument(f"lower must be <= upper, got lower={lower!r}, upper={upper!r}")
+    if estimate < lower:
+        return float(lower), (
+            f"raised to the lower bound: the bias-corrected value {estimate:.4g} is below it (the correction "
+            "subtracts the plug-in's whole expectation under exact sampling: centred on 0 when the TV is 0, "
+            "too much under a lossy law)"
+        )
+    if estimate > upper:
+        return float(upper), f"lowered to the upper bound: the unclipped value {estimate:.4g} is above it"
+    return float(estimate), None
+
+
+def stratified_split(contexts, generator: torch.Generator) -> np.ndarray:
+    """A random split of samples into (choose, estimate) halves, stratified by context.
+
+    Parameters
+    ----------
+    contexts : array (n,) int
+        Context of each sample.
+    generator : torch.Generator
+        Draws the split (a random order within each context and a fair coin per odd ``n_c``).
+
+    Returns
+    -------
+    array (n,) bool
+        True for the second ("estimate") half: ``floor(n_c / 2)`` samples of each context,
+        plus one with probability 1/2 when ``n_c`` is odd, chosen uniformly at random among
+        them.  The split is independent of the samples' values and of their order, and the
+        second half's context counts are ``n_c / 2`` in expectation (exactly, up to the odd
+        leftovers).
+    """
+    check_generator("generator", generator)
+    ctx = np.asarray(contexts, dtype=np.int64).reshape(-1)  # (n,)
+    n = ctx.size
+    shuffled = torch.randperm(n, generator=generator).numpy()  # (n,) a random order
+    order = shuffled[np.argsort(ctx[shuffled], kind="stable")]  # (n,) by context, random within each
+    sorted_ctx = ctx[order]
+    _, starts, n_c = np.unique(sorted_ctx, return_index=True, return_counts=True)  # (C',) each
+    coins = torch.randint(0, 2, (n_c.size,), generator=generator).numpy()  # (C',)
+    take = n_c // 2 + np.where(n_c % 2 == 1, coins, 0)  # (C',) second-half size per context
+    group = np.repeat(np.arange(n_c.size), n_c)  # (n,) context group of each sorted sample
+    rank = np.arange(n) - starts[group]  # (n,) rank within its context
+    second = np.zeros(n, dtype=bool)
+    second[order] = rank < take[group]
+    return second
+
+
 # --------------------------------------------------------------------------- helpers
 
 
@@ -234,10 +340,15 @@ def _counts(ctx, tok, C, V) -> np.ndarray:
     return np.bincount(ctx * V + tok, minlength=C * V).reshape(C, V).astype(np.float64)  # (C, V)
 
 
-def _split_lower(tok, ctx, probs, alpha) -> float:
-    """Lower bound on T: A_c = {Q^_c > P_c} from even indices, Clopper-Pearson on odd ones."""
+def _split_lower(tok, ctx, probs, alpha, second_half) -> float:
+    """Lower bound on T: A_c = {Q^_c > P_c} from the first half, Clopper-Pearson on the second.
+
+    ``second_half`` (n,) bool is :func:`stratified_split`'s split.
+    """
     C, V = probs.shape
-    first, second = np.arange(0, tok.size, 2), np.arange(1, tok.size, 2)
+    first, second = np.flatnonzero(~second_half), np.flatnonzero(second_half)
+    if second.size == 0:
+        return 0.0
     c1 = _counts(ctx[first], tok[first], C, V)  # (C, V)
     n1 = c1.sum(-1, keepdims=True)  # (C, 1)
     event = c1 > probs * n1  # (C, V): Q^_1 > P (empty for contexts unseen in the first half)
@@ -246,7 +357,7 @@ def _split_lower(tok, ctx, probs, alpha) -> float:
     return max(0.0, clopper_pearson_lower(hits, second.size, alpha) - p_event)
 
 
-def _interval(tok, ctx, probs, alpha_side):
+def _interval(tok, ctx, probs, alpha_side, second_half):
     """Plug-in, null bias, split lower bound and upper bound on data (n,), (n,), rows (C, V)."""
     C, V = probs.shape
     n = tok.size
@@ -256,7 +367,7 @@ def _interval(tok, ctx, probs, alpha_side):
     emp = np.where(live[:, None], counts / np.maximum(n_c, 1)[:, None], probs)  # (C, V)
     plugin = float((n_c * 0.5 * np.abs(emp - probs).sum(-1)).sum() / n)
     bias = null_expected_tv(probs, n_c)
-    lower = _split_lower(tok, ctx, probs, alpha_side)
+    lower = _split_lower(tok, ctx, probs, alpha_side, second_half)
     # upper bound: widths depend on n_c, V, alpha only
     mc = n_c[live]
     mcdiarmid = float((mc * np.sqrt((V - 1) / (4.0 * mc))).sum() / n + math.sqrt(math.log(1 / alpha_side) / (2 * n)))
@@ -309,6 +420,7 @@ def divergence(
     tokens,
     probs,
     *,
+    generator: torch.Generator,
     contexts=None,
     level: float = 0.95,
     coarse_top: int = 32,
@@ -319,10 +431,12 @@ def divergence(
     Parameters
     ----------
     tokens : array (n,) int
-        The samples, in an order independent of their values (the split into halves is
-        by even / odd index).
+        The samples, in any order.
     probs : array (V,) or (C, V)
         Exact rows (non-negative, renormalised in float64).
+    generator : torch.Generator
+        Draws the lower bound's sample split (:func:`stratified_split`); the estimate is a
+        function of the samples and this generator.
     contexts : array (n,) int, optional
         Row of ``probs`` each sample was drawn against (default: row 0 for all).
     level : float, default 0.95
@@ -335,6 +449,7 @@ def divergence(
     Returns
     -------
     DivergenceEstimate
+        ``tv`` inside ``[tv_lower, tv_upper]`` always (clipped, flagged in ``tv_clipped``).
 
     Notes
     -----
@@ -349,18 +464,25 @@ def divergence(
     level = check_alpha("level", level)
     coarse_top = check_int("coarse_top", coarse_top, minimum=1)
     num_tokens = check_int("num_tokens", num_tokens, minimum=0)
+    check_generator("generator", generator)
     tok, ctx, rows = _inputs(tokens, probs, contexts)  # (n,), (n,), (C, V)
     n = tok.size
     C, V = rows.shape
     alpha_side = (1.0 - level) / 2.0
-    plugin, bias, lower, upper, how, counts = _interval(tok, ctx, rows, alpha_side)
+    second = stratified_split(ctx, generator)  # (n,) one split for the full and the coarse bounds
+    plugin, bias, lower, upper, how, counts = _interval(tok, ctx, rows, alpha_side, second)
     coarse = None
     if V > coarse_top + 1:
         ctok, crows = _coarsen(tok, ctx, rows, coarse_top)
-        cp, cb, cl, cu, chow, _ = _interval(ctok, ctx, crows, alpha_side)
-        coarse = CoarseTV(cp - cb, cl, cu, cp, cb, coarse_top, chow)
+        cp, cb, cl, cu, chow, _ = _interval(ctok, ctx, crows, alpha_side, second)
+        coarse_tv, coarse_clipped = clip_to_interval(cp - cb, cl, cu)
+        coarse = CoarseTV(coarse_tv, cl, cu, cp, cb, coarse_top, chow, cp - cb, coarse_clipped)
         # both are lower bounds on T (data processing); Bonferroni over the two keeps the level
-        lower = max(_split_lower(tok, ctx, rows, alpha_side / 2), _split_lower(ctok, ctx, crows, alpha_side / 2))
+        lower = max(
+            _split_lower(tok, ctx, rows, alpha_side / 2, second), _split_lower(ctok, ctx, crows, alpha_side / 2, second)
+        )
+    upper = max(upper, lower)
+    tv, clipped = clip_to_interval(plugin - bias, lower, upper)
     n_c = counts.sum(-1)  # (C,)
     zero = (rows <= 0) & (counts > 0)  # (C, V)
     zero_tokens = tuple(int(t) for t in np.unique(np.nonzero(zero)[1])[:100])
@@ -376,11 +498,13 @@ def divergence(
         kl = float((n_c * (per_ctx - (distinct - 1) / (2.0 * np.maximum(n_c, 1)))).sum() / n)
     over, under = _deviations(counts, rows, n_c, n, num_tokens)
     return DivergenceEstimate(
-        tv=plugin - bias,
+        tv=tv,
         tv_lower=lower,
-        tv_upper=max(upper, lower),
+        tv_upper=upper,
         tv_plugin=plugin,
         tv_null_bias=bias,
+        tv_bias_corrected=plugin - bias,
+        tv_clipped=clipped,
         upper_method=how,
         coarse=coarse,
         kl=kl,

@@ -29,7 +29,7 @@ from specverify.core.results import TestResult
 from ._common import as_counts, as_float_array, check_alpha, result_options
 from .gof import gof_test
 
-__all__ = ["gof_pair", "sparse_test", "token_tail_pvalues"]
+__all__ = ["gof_pair", "sparse_test", "token_tail_pvalues", "point_mass_mde"]
 
 
 def token_tail_pvalues(counts: np.ndarray, probs: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -96,6 +96,32 @@ def gof_pair(
     ]  # fmt: skip
 
 
+def point_mass_mde(n: int, top_prob: float, top_weight: float, alpha: float, power: float) -> float:
+    """Point mass moved onto the most likely token that :func:`sparse_test` detects with probability ``power``.
+
+    Parameters
+    ----------
+    n : int
+        Samples.
+    top_prob : float
+        Probability of the most likely token.
+    top_weight : float
+        Its (token, side) weight in the test's weighted Bonferroni.
+    alpha, power : float
+        Level of the test (the share it is graded at) and the power wanted.
+
+    Returns
+    -------
+    float
+        ``(z_{alpha w} + z_{1 - power}) sqrt(p (1 - p) / n)`` (normal approximation of the
+        token's count); inf when ``n`` is 0.
+    """
+    if n <= 0:
+        return math.inf
+    z_star = _st.norm.isf(alpha * top_weight) + _st.norm.isf(1 - power)
+    return float(z_star * math.sqrt(top_prob * (1 - top_prob) / n))
+
+
 def sparse_test(
     counts,
     expected_probs,
@@ -149,8 +175,10 @@ def sparse_test(
         |standardised residual| ``(o - n p)/sqrt(n p (1-p))``.  ``details``: the token, its
         side, observed and expected counts, ``min_tail``, ``weight_counted`` (W(a)),
         ``frequent_tokens`` and ``mde_point_mass`` -- the mass moved onto the most likely
-        token that the test detects with probability ``power`` at ``alpha`` (normal
-        approximation; rarer tokens need less).
+        token that the test detects with probability ``power`` at ``alpha``
+        (:func:`point_mass_mde`; rarer tokens need less) -- with what recomputes it at another
+        alpha (``mde_n``, ``mde_top_prob``, ``mde_top_weight``, ``power``): grading
+        (:func:`specverify.stats.budget.grade`) recomputes it at the test's budget share.
 
     Notes
     -----
@@ -212,7 +240,6 @@ def sparse_test(
     side = "over" if upper[worst] <= lower[worst] else "under"
     top_id = int(np.argmax(probs))
     top = float(probs[top_id])
-    z_star = _st.norm.isf(alpha * float(w[top_id])) + _st.norm.isf(1 - power)
     details = {
         "token": int(ids[worst]),
         "side": side,
@@ -221,8 +248,11 @@ def sparse_test(
         "min_tail": float(np.minimum(upper, lower).min()),
         "weight_counted": counted,
         "frequent_tokens": nf,
-        "mde_point_mass": float(z_star * math.sqrt(top * (1 - top) / n)),
+        "mde_point_mass": point_mass_mde(n, top, float(w[top_id]), alpha, power),
         "mde_n": n,
+        "mde_top_prob": top,
+        "mde_top_weight": float(w[top_id]),
+        "power": power,
     }
     return TestResult(
         statistic=float(np.abs(z).max()),

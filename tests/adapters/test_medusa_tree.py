@@ -227,7 +227,8 @@ def test_tree_sweep_with_the_reference_rule():
 
     result = sweep(make, [0.01, 0.2], scenario="markov8_topk_3x2", kind="tree", batch_size=256, knob="eps")
     assert result.kind == "tree" and result.k == 2 and result.verdicts == (None, None)
-    assert [s.stratum for s in result.points[0].measure.by_block][:2] == ["depth=1", "depth=2"]
+    assert [s.stratum for s in result.points[0].measure.by_block] == ["depth=2", "depth=3"]  # depth 1 is abs=0
+    assert result.points[0].measure.by_position[0].stratum == "abs=0"
     assert result.points[0].tokens_per_pass >= result.points[1].tokens_per_pass
     assert "max depth D=2" in render_sweep_markdown(result) and "D=2" in result.summary()
     with pytest.raises(InvalidArgument, match="kind"):
@@ -331,4 +332,5 @@ def test_cli_measure_tree_verifier(tmp_path, capsys):
         "--out", str(tmp_path),
     ])  # fmt: skip
     assert status == 0, capsys.readouterr().err
-    assert "depth=1" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "depth=2" in out and "abs=0" in out and "depth=1" not in out

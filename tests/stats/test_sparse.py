@@ -182,3 +182,28 @@ def test_a_token_of_probability_one_in_float64_has_no_nan_statistic():
         warnings.simplefilter("error")
         result = sparse_test(np.array([100, 0]), np.array([1.0, 1e-300]))
     assert np.isfinite(result.statistic) and result.pvalue == 1.0
+
+
+def test_grading_recomputes_the_detectable_point_mass_at_the_share():
+    """grade() sets each result's alpha to its share w_i * alpha; the sparse test's mde_point_mass must be the
+    detectable point mass at that share (larger than at the nominal alpha), not at the alpha it was run at."""
+    from specverify.stats.budget import grade
+    from specverify.stats.sparse import point_mass_mde
+
+    p = zipf(50)
+    counts = np.round(p * 4000).astype(np.int64)
+    results = gof_pair(counts, p, alpha=1e-3, position="abs=0") + gof_pair(counts, p, alpha=1e-3, position="abs=1")
+    ungraded = results[1]
+    d = ungraded.details
+    assert d["mde_point_mass"] == pytest.approx(
+        point_mass_mde(d["mde_n"], d["mde_top_prob"], d["mde_top_weight"], 1e-3, 0.9)
+    )
+    graded = grade(results, alpha=1e-3)
+    sparse = [r for r in graded if r.name == "sparse"]
+    assert len(sparse) == 2
+    for r in sparse:
+        assert r.alpha == pytest.approx(1e-3 / 4)  # one family, four tests
+        want = point_mass_mde(r.details["mde_n"], r.details["mde_top_prob"], r.details["mde_top_weight"], r.alpha, 0.9)
+        assert r.details["mde_point_mass"] == pytest.approx(want, rel=1e-12)
+        assert r.details["mde_point_mass"] > d["mde_point_mass"] * 1.01  # a smaller level needs a larger move
+    assert graded[0].details == results[0].details  # the chi-square's details are left alone

@@ -334,14 +334,14 @@ def _tree_vs_chain() -> list[str]:
         o = point["measure"]["overall"]
         return f"{o['tv']:.3f} [{o['tv_lower']:.3f}, {o['tv_upper']:.3f}] / {point['tokens_per_pass']:.2f}"
 
-    def depth1(point) -> str:
-        strata = {s["stratum"].split("=")[1]: s["estimate"] for s in point["measure"]["by_block"]}
-        e = strata.get("1")
+    def depth1(point) -> str:  # in-round position 1 is absolute position 0: every row opens a round there
+        strata = {s["stratum"]: s["estimate"] for s in point["measure"]["by_position"]}
+        e = strata.get("abs=0")
         return "" if e is None else f"[{e['tv_lower']:.3f}, {e['tv_upper']:.3f}]"
 
     names = [n for n in MEDUSA_TREE if n in loaded]
     labels = list(next(iter(loaded.values())))
-    head = " | ".join(f"{n}: mean TV/token [95%] / tokens per pass | {n}: TV at position 1" for n in names)
+    head = " | ".join(f"{n}: mean TV/token [95%] / tokens per pass | {n}: TV at abs=0 (depth 1)" for n in names)
     lines = [
         "## Medusa: tree path vs chain path at the same (threshold, alpha)",
         "",
@@ -379,7 +379,7 @@ def _tree_vs_chain_words(loaded) -> list[str]:
         f"{len(common)} ({disjoint_above} with disjoint intervals, the tree's above). On a tree of deterministic "
         f"(top-k) candidates the walk is a deterministic function of the context: the deepest accepted path, "
         f"ties by likelihood, so the drafted tokens a round emits are close to greedy whatever the knob (TV at "
-        f"position 1 does not move with it); the knob acts only through which paths pass and the truncated final "
+        f"abs=0, the first depth, does not move with it); the knob acts only through which paths pass and the truncated final "
         f"token. A chain of one sampled draft emits its draft token only when it passes, so its output stays "
         f"closer to the target.",
     ]
@@ -460,8 +460,11 @@ def write_readme() -> None:
         "it happens: on `markov8_dynamic_eagle2` it does in the first batch. With an LLM vocabulary token 0 is "
         "`<unk>`, of negligible probability, which hides it; the sweeps use `padding='unreachable'` (an extra "
         "token of probability 0), the rule on the tree as drawn.",
-        "- Intervals are per stratum at 95%; the bias-corrected point estimate can sit below the lower bound under "
-        "a lossy law (the null-bias correction over-corrects); the interval is the guarantee.",
+        "- Intervals are per stratum at 95%; the point estimate is the bias-corrected TV clipped to its interval "
+        "(marked ^ where the correction, which over-corrects under a lossy law, put it below the lower bound); "
+        "the interval is the guarantee. Absolute positions are counted from 0 (`abs=0` is the first token), as in "
+        "the verifier battery (`check_verifier`), except the `generate` report's, counted from 1 as in the decoder battery; "
+        "in-round position 1 is `abs=0` and is measured once, there.",
         "",
         'Install (one command, from the repository root; 79 s with the wheels cached): `python -m venv .venvs/medusa && . .venvs/medusa/bin/activate && pip install torch==2.13.0 && pip install -e ".[test,plots,hf]" transformers==5.24.0 && pip install --no-deps medusa-llm==0.1`. `pip check` there lists four requirements of medusa-llm 0.1 as not installed: accelerate, fschat, protobuf, sentencepiece. None is imported by `medusa.model.utils`, the only Medusa module the adapters load (it imports torch only); they serve Medusa\'s model loading, CLI and training code (the `medusa` extra would install them).',
         "",
