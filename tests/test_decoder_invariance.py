@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specverify.core.errors import InvalidArgument
 from specverify.core.tables import markov
 from specverify.decoder import check_decoder
 from specverify.decoder.compositions import COMPOSITIONS
@@ -108,3 +109,12 @@ def test_generate_requests_validates_its_arguments(table):
         [torch.tensor([1]), torch.tensor([2])], num_samples=[3, 2], max_new_tokens=4, seeds=[5, None]
     )
     assert [tuple(o.shape) for o in out] == [(3, 4), (2, 4)]
+
+
+def test_batch_invariance_can_be_turned_off_and_is_validated(table):
+    decoder = ProtocolDecoder(zoo.uniform(table), table, k=3)
+    report = check_decoder(decoder, table, tier="smoke", seed=2, batch_invariance=False)
+    assert not _invariance(report) and "batch_invariance=False" in report.command
+    assert "not tested" in report.extra["batch_invariance"]["batch_invariance"]
+    with pytest.raises(InvalidArgument, match="batch_invariance"):
+        check_decoder(decoder, table, tier="smoke", seed=2, batch_invariance="yes")

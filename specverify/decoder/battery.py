@@ -53,11 +53,11 @@ from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.repro import python_repro
 from specverify.core.results import ERROR, Report, TestResult, protocol_result
 from specverify.core.seeds import derive_seed
-from specverify.core.validation import check_int, check_run_options
+from specverify.core.validation import check_bool, check_int, check_run_options
 from specverify.shard.collect import Parallel, TaskUnits, collect_runs
 from specverify.shard.work import Job
 
-from .compositions import COMPOSITIONS, batch_invariance
+from .compositions import COMPOSITIONS, composition_results
 from .conditionals import ExactPlan, analyse_exact
 from .protocol import (
     ProgressTicker,
@@ -158,6 +158,7 @@ def check_decoder(
     backend: str | None = None,
     shards: int | None = None,
     ray_address: str | None = None,
+    batch_invariance: bool = True,
 ) -> Report:
     """Check that a whole speculative decoder emits exactly its target's (processed) law.
 
@@ -200,6 +201,10 @@ def check_decoder(
         local processes, threads with ``backend="threads"`` (a thread-safe decoder only), or
         Ray tasks with ``backend="ray"``.  The decoder and target travel to worker processes
         by pickling.
+    batch_invariance : bool
+        Run the batch-invariance tests (:mod:`.compositions`) when the decoder has
+        ``generate_requests`` (exact mode only).  ``False`` when the decoder is a harness of the
+        suite's own (the drafter audit's pipeline), whose batching is not under test.
 
     Returns
     -------
@@ -214,6 +219,7 @@ def check_decoder(
     started = time.perf_counter()
     seed, alpha = check_run_options(tier, TIER_PLANS, seed, alpha, progress)
     parallel = Parallel(workers, backend, shards, ray_address)
+    batch_invariance = check_bool("batch_invariance", batch_invariance)
     run = _prepare(decoder, target, reference, greedy, TIER_PLANS[tier], num_samples, max_new_tokens, alpha)
     dev = check_device("device", device)
     if dev.type != "cpu":
@@ -243,6 +249,7 @@ def check_decoder(
                 num_samples=num_samples,
                 max_new_tokens=max_new_tokens,
                 device=None if dev.type == "cpu" else str(dev),
+                **({} if batch_invariance else {"batch_invariance": False}),
                 **parallel.keywords(),
             ),
         ),
@@ -289,14 +296,19 @@ def check_decoder(
         summaries[record["name"]] = summary
 
     invariance: dict = {"batch_invariance": f"not tested: needs the exact mode (mode {run.mode})"}
-    if run.mode == "exact" and V is not None:
+    one_hot = any(s.get("all_one_hot") for s in summaries.values())
+    if one_hot:
+        invariance = {"batch_invariance": "not tested: every conditional is one-hot (the greedy check is exact)"}
+    if not batch_invariance:
+        invariance = {"batch_invariance": "not tested: batch_invariance=False"}
+    if run.mode == "exact" and V is not None and not one_hot and batch_invariance:
         t_inv = time.perf_counter()
         focus = prompt_list[0]
         neighbours = list(
             torch.randint(0, V, (max(COMPOSITIONS) - 1, focus.numel()), generator=torch.Generator().manual_seed(seed))
         )
         try:
-            res, invariance = batch_invariance(
+            res, invariance = composition_results(
                 decoder, run.target, focus, neighbours, vocab_size=V, num_samples=run.plan.num_samples,
                 max_new_tokens=run.plan.max_new_tokens, seed=derive_seed(seed, 0xBA7C4), alpha=alpha,
             )  # fmt: skip

@@ -37,7 +37,7 @@ from specverify.core.seeds import derive_seed
 
 from .protocol import target_conditionals
 
-__all__ = ["COMPOSITIONS", "SAMPLE_SHARE", "batch_invariance"]
+__all__ = ["COMPOSITIONS", "SAMPLE_SHARE", "composition_results"]
 
 #: Requests per batch: the focus request alone and with neighbours across the 64- and 128-request edges.
 COMPOSITIONS = (1, 2, 64, 65, 128, 129)
@@ -70,7 +70,7 @@ def _requests(prompt, neighbours, size: int, n: int, seed: int, focus_seed: int)
     return prompts, counts, seeds
 
 
-def batch_invariance(
+def composition_results(
     decoder,
     target,
     prompt: torch.Tensor,

@@ -379,7 +379,9 @@ def _consistency_part(drafter, prompts, V: int, k: int, plan: AuditPlan, seed: i
 def _pipeline_part(decoder, target, prompts, tier: str, seed: int, alpha: float, out, tick) -> Report:
     """(b) Losslessness of the whole pipeline: ``check_decoder``, its results regraded with the audit's."""
     t0 = time.perf_counter()
-    pipeline = check_decoder(decoder, target, tier=tier, seed=derive_seed(seed, 41), alpha=alpha, prompts=prompts)
+    pipeline = check_decoder(
+        decoder, target, tier=tier, seed=derive_seed(seed, 41), alpha=alpha, prompts=prompts, batch_invariance=False
+    )  # the pipeline is the suite's own: its batching is not the drafter's
     for r in pipeline.results:
         out.results.append(r.replace(scenario=f"pipeline:{r.scenario}", alpha=None, adjusted_pvalue=None, grade=None))
     for s in pipeline.scenarios:
