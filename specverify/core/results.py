@@ -431,6 +431,12 @@ class Report:
                 f"  detectable binned TV at power 0.9: median {tvs[len(tvs) // 2]:.3g}, best {tvs[0]:.3g}, "
                 f"worst {tvs[-1]:.3g} over {len(tvs)} tests ({n:,} tokens in goodness-of-fit strata)"
             )
+        shared = sorted(r.details["mde_shared_fraction"] for r in tests if "mde_shared_fraction" in r.details)
+        if shared:  # the dependence family (specverify.stats.dependence): pairs of rows of one call
+            lines.append(
+                f"  detectable dependence at power 0.9: {shared[len(shared) // 2]:.2%} of row pairs sharing one uniform "
+                f"(median of {len(shared)} pair tests; best {shared[0]:.2%})"
+            )
         return "\n".join(lines)
 
 
