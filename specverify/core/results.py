@@ -431,7 +431,11 @@ class Report:
                 f"  detectable binned TV at power 0.9: median {tvs[len(tvs) // 2]:.3g}, best {tvs[0]:.3g}, "
                 f"worst {tvs[-1]:.3g} over {len(tvs)} tests ({n:,} tokens in goodness-of-fit strata)"
             )
-        shared = sorted(r.details["mde_shared_fraction"] for r in tests if "mde_shared_fraction" in r.details)
+        shared = sorted(
+            v
+            for v in (r.details.get("mde_shared_fraction") for r in tests)
+            if isinstance(v, float) and math.isfinite(v)
+        )
         if shared:  # the dependence family (specverify.stats.dependence): pairs of rows of one call
             lines.append(
                 f"  detectable dependence at power 0.9: {shared[len(shared) // 2]:.2%} of row pairs sharing one uniform "

@@ -279,7 +279,7 @@ def detectability_sentence(report: Report) -> str:
             f", as could reshuffling of probability among tokens pooled in one bin (up to "
             f"{fmt(d.max_multi_token_mass)} of the mass in one test)"
         )
-    shared = sorted(r.details["mde_shared_fraction"] for r in report.results if "mde_shared_fraction" in r.details)
+    shared = sorted(v for v in (finite(r.details.get("mde_shared_fraction")) for r in report.results) if v is not None)
     if shared:
         text += (
             f". Rows of one call tested in pairs would have shown dependence if {shared[len(shared) // 2]:.2%} of "
