@@ -65,8 +65,12 @@ def test_quick_run_writes_reports_readme_and_repros(quick_run):
     assert "## What the suite found" in readme and "min detectable TV" in readme
     for script in example.REPRO_SCRIPTS:
         assert (out / script).is_file() and f"({script})" in readme
-    # the reproducers ran and still reproduce on the installed transformers
-    assert "SUPPORT VIOLATION" in readme
+    # the reproducers ran, and say what the installed transformers does: the zero-uniform support bug
+    # is fixed in 5.25.0 (tools/reports/hf_findings.py), the zero-residual crash is not
+    import transformers
+
+    installed = tuple(int(x) for x in transformers.__version__.split(".")[:2] if x.isdigit())
+    assert ("fixed: no forbidden token emitted" if installed >= (5, 25) else "SUPPORT VIOLATION") in readme
     assert readme.count("RuntimeError: probability tensor contains") == 2
     for _, report in reports:  # the README's Reproduce section lists every report's command
         assert report.command in readme
