@@ -42,7 +42,7 @@ __all__ = ["COMPOSITIONS", "SAMPLE_SHARE", "composition_results"]
 #: Requests per batch: the focus request alone and with neighbours across the 64- and 128-request edges.
 COMPOSITIONS = (1, 2, 64, 65, 128, 129)
 #: Focus samples per composition, as a share of the tier's samples per prompt.
-SAMPLE_SHARE = 0.15
+SAMPLE_SHARE = 0.05
 _SEEDED_ROWS = 16
 
 
