@@ -134,7 +134,7 @@ def regrade(record: dict) -> dict:
     rule = [r for r in graded if is_conformance(r)]
     return {
         "verdict": verdict,
-        "min_law_adjusted": min((r.adjusted_pvalue for r in law), default=1.0),
+        "min_law_adjusted": min((float(r.adjusted_pvalue or 1.0) for r in law), default=1.0),
         "conformance": stats.verdict(rule, gate_conformance=True) if rule else None,
         "law_families": sorted({r.family for r in law if r.grade != "pass"}),
     }
