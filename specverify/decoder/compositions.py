@@ -46,7 +46,8 @@ SAMPLE_SHARE = 0.05
 _SEEDED_ROWS = 16
 
 
-def _call(generate_requests, prompts, counts, seeds, length: int, vocab_size: int) -> list[torch.Tensor]:
+def _call(generate_requests, prompts, counts, seeds, length: int, vocab_size: int) -> torch.Tensor:
+    """The focus request's (first request's) tokens (n, L), validated."""
     what = f"generate_requests({len(prompts)} requests, num_samples={counts[:3]}..., max_new_tokens={length})"
     try:
         out = generate_requests(prompts, num_samples=counts, max_new_tokens=length, seeds=seeds)
@@ -60,7 +61,7 @@ def _call(generate_requests, prompts, counts, seeds, length: int, vocab_size: in
     focus = focus.long().cpu()
     if bool(((focus < 0) | (focus >= vocab_size)).any()):
         raise ImplementationError(f"{what}: request 0 has token ids outside [0, {vocab_size})")
-    return [focus]
+    return focus
 
 
 def _requests(prompt, neighbours, size: int, n: int, seed: int, focus_seed: int):
@@ -97,7 +98,7 @@ def composition_results(
     summary: dict = {"compositions": list(COMPOSITIONS), "focus_samples": n}
     for size in COMPOSITIONS:
         prompts, counts, seeds = _requests(prompt, neighbours, size, n, seed, derive_seed(seed, size))
-        (tokens,) = _call(generate_requests, prompts, counts, seeds, L, V)  # (n, L)
+        tokens = _call(generate_requests, prompts, counts, seeds, L, V)  # (n, L)
         seqs = torch.cat([prompt.expand(n, T), tokens], 1)  # (n, T + L)
         expected = target_conditionals(target, seqs, T, V).sum(0).numpy()  # (L, V)
         counts_np = np.stack([np.bincount(tokens[:, j].numpy(), minlength=V) for j in range(L)])  # (L, V)
@@ -127,7 +128,7 @@ def _seeded(generate_requests, prompt, neighbours, L: int, V: int, seed: int, sc
     differing = []
     for size in COMPOSITIONS:
         prompts, counts, seeds = _requests(prompt, neighbours, size, _SEEDED_ROWS, seed, fixed)
-        (tokens,) = _call(generate_requests, prompts, counts, seeds, L, V)
+        tokens = _call(generate_requests, prompts, counts, seeds, L, V)
         if base is None:
             base = tokens
         elif not torch.equal(tokens, base):

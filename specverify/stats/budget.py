@@ -30,14 +30,13 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
-from scipy import stats as _st
 
 from specverify.core.conformance import is_conformance, verdict_results
 from specverify.core.errors import InvalidArgument
 from specverify.core.results import ERROR, FAIL, PASS, SUSPICIOUS, TestResult
 
 from ._common import check_alpha
-from .power import min_detectable_tv
+from .power import min_detectable_tv, z_shift
 from .sparse import point_mass_mde
 
 __all__ = [
@@ -212,11 +211,6 @@ def _grade_budget(results, index, alpha, family_weights, factor) -> list[TestRes
     return graded
 
 
-def _z_effect(alpha: float, power: float) -> float:
-    """``z_{1-alpha/2} + z_power``: the shift of a two-sided z-test's mean detectable with ``power`` at ``alpha``."""
-    return float(_st.norm.isf(alpha / 2)) + float(_st.norm.isf(1 - power))
-
-
 def _graded_details(result: TestResult, share: float) -> dict | None:
     """``result.details`` with its detectable effects recomputed at ``share``, or None when it has none.
 
@@ -238,7 +232,7 @@ def _graded_details(result: TestResult, share: float) -> dict | None:
             pass
     per_z = d.get("mde_per_z")
     if isinstance(per_z, float) and math.isfinite(per_z) and "mde_key" in d:
-        out[d["mde_key"]] = _z_effect(share, power) * per_z
+        out[d["mde_key"]] = z_shift(share, power) * per_z
     return out if out != d else None
 
 

@@ -43,13 +43,13 @@ import math
 
 import numpy as np
 import torch
-from scipy import stats as _st
 
 from specverify.core.errors import InvalidArgument
 from specverify.core.results import TestResult
 
 from ._common import as_float_array, as_probs, check_alpha, result_options
 from .directed import score_test
+from .power import z_shift
 
 __all__ = ["PAIR_LAGS", "call_pairs", "midrank_pair_test", "pair_dependence_test", "pair_scores", "mid_distribution"]
 
@@ -251,7 +251,7 @@ def pair_dependence_test(
         "mean_shared_shift": total_shift / f.size,
         "mde_key": "mde_shared_fraction",
         "mde_per_z": per_z,
-        "mde_shared_fraction": (float(_st.norm.isf(alpha / 2)) + float(_st.norm.isf(1 - power))) * per_z,
+        "mde_shared_fraction": z_shift(alpha, power) * per_z,
         "power": power,
     }
     method = "pair dependence (mid-rank product + collision score) vs product of exact laws; " + res.method
@@ -352,7 +352,7 @@ def midrank_pair_test(
         "pairs": int(f.size),
         "mde_key": "mde_correlation",
         "mde_per_z": per_z,
-        "mde_correlation": (float(_st.norm.isf(alpha / 2)) + float(_st.norm.isf(1 - power))) * per_z,
+        "mde_correlation": z_shift(alpha, power) * per_z,
         "power": power,
     }
     return res.replace(details=details, method="pair dependence (mid-rank products) vs independence; " + res.method)

@@ -128,3 +128,8 @@ def samples_needed(tv, df, alpha, power: float = 0.9) -> int:
         raise InvalidArgument(f"tv must be in (0, 1], got {tv!r}")
     lam = noncentrality_needed(df, alpha, power)
     return max(1, int(math.ceil(lam / (4.0 * tv * tv) - 1e-9)))
+
+
+def z_shift(alpha: float, power: float) -> float:
+    """``z_{1-alpha/2} + z_power``: the mean shift, in standard deviations, a two-sided z-test detects with ``power``."""
+    return float(_st.norm.isf(alpha / 2)) + float(_st.norm.isf(1 - power))

@@ -78,7 +78,7 @@ def call_slots(block_positions: torch.Tensor, batch_size: int) -> tuple[np.ndarr
     first = np.searchsorted(sorted_calls, sorted_calls, side="left")
     slots = np.empty_like(order)
     slots[order] = np.arange(order.size) - first
-    used, dense = np.unique(calls, return_inverse=True)
+    _, dense = np.unique(calls, return_inverse=True)
     call_sizes = np.bincount(dense)
     return rows, positions, dense, slots, call_sizes, block_of
 
