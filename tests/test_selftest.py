@@ -71,6 +71,45 @@ def _row(result, name):
     return row
 
 
+def _without_times(value):
+    """``value`` with every wall-time field (a key ending in "seconds") dropped, at any depth."""
+    if isinstance(value, dict):
+        return {k: _without_times(v) for k, v in value.items() if not k.endswith("seconds")}
+    if isinstance(value, (list, tuple)):
+        return [_without_times(v) for v in value]
+    return value
+
+
+def test_worker_processes_give_the_same_rows(small_result):
+    """Two spawned workers run the same parts (entries, calibration) and return the same rows in the same order."""
+    fake_mutant, fake_variant = _planted()
+    parallel = selftest.run_selftest(
+        "smoke",
+        0,
+        verifiers=[mutants.by_name("always_accept"), mutants.by_name("residual_is_p"), fake_mutant],
+        equivalents=[mutants.by_name("accept_le"), fake_variant],
+        scenarios=[SCENARIO],
+        decoders=False,
+        drafters=False,
+        trees=False,
+        lr=True,
+        lr_rows=2048,
+        calibration_options=dict(seeds=2, rows=256, scenarios=[SCENARIO]),
+        workers=2,
+    )
+    assert _without_times(parallel.rows) == _without_times(small_result.rows)
+    assert _without_times(parallel.calibration) == _without_times(small_result.calibration)
+
+
+def test_workers_need_picklable_entries():
+    local = CatalogueEntry("local", "verifier", lambda *a, **k: None, "a lambda cannot travel", "test", needs="any")
+    with pytest.raises(InvalidArgument, match="workers > 1 needs picklable selftest parts; 'verifier local'"):
+        selftest.run_selftest("smoke", 0, verifiers=[local, mutants.by_name("always_accept")], equivalents=[],
+                              decoders=False, drafters=False, trees=False, calibration=False, workers=2)  # fmt: skip
+    with pytest.raises(InvalidArgument, match="workers"):
+        selftest.run_selftest("smoke", 0, workers=0)
+
+
 # ------------------------------------------------------------------ matrix bookkeeping
 def test_killed_and_survived_bookkeeping(small_result):
     r = small_result

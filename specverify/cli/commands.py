@@ -8,7 +8,7 @@
     specverify audit --drafter PKG.MOD:FACTORY --target PKG.MOD:FACTORY [--verifier PKG.MOD:NAME]
     (factories take --ROLE-option KEY=VALUE; --debug shows tracebacks)
     specverify measure --verifier PKG.MOD:NAME [--verifier-option K=V] [--scenario NAME] [--level 0.95]
-    specverify selftest [--tier smoke] [--json] [--matrix PATH]
+    specverify selftest [--tier smoke] [--json] [--matrix PATH] [--workers N]
     specverify demo
 
 Exit status of ``audit``: 0 pass (a "suspicious" verdict warns but passes), 1 fail (a test
@@ -261,6 +261,12 @@ def _add_others(sub) -> None:
     selftest.add_argument(
         "--matrix", metavar="PATH", help="also write the Markdown mutation matrix (with the peers' tests) to PATH"
     )
+    selftest.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        help="worker processes, one core each (the same rows for any number; default 1)",
+    )
 
     sub.add_parser("demo", help="run the canonical rule against an adversarial drafter and print the emitted law")
 
@@ -343,7 +349,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "selftest":
             from specverify.selftest import main as selftest_main
 
-            return selftest_main(tier=args.tier, seed=args.seed, as_json=args.json, matrix_path=args.matrix)
+            return selftest_main(
+                tier=args.tier, seed=args.seed, as_json=args.json, matrix_path=args.matrix, workers=args.workers
+            )
         if args.command == "demo":
             from specverify.cli.demo import main as demo_main
 

@@ -34,6 +34,7 @@ from specverify.verifier.scenarios import TIERS
 
 from .battery_runs import run_decoder_mutants, run_drafter_mutants, run_tree_entries
 from .calibration import run_calibration
+from .parallel import Part, run_parts
 from .render import render_json, render_markdown, render_text
 from .verifiers import run_verifier_entry
 
@@ -165,6 +166,7 @@ def run_selftest(
     calibration_options=None,
     lr_rows: int | None = None,
     progress=None,
+    workers: int = 1,
 ) -> SelftestResult:
     """Run the selftest (see the module docstring).
 
@@ -186,12 +188,17 @@ def run_selftest(
     calibration_options : dict, optional
         Keyword arguments for :func:`.calibration.run_calibration` (seeds, rows, ...).
     progress : callable, optional
-        ``progress(message)`` before each entry.
+        ``progress(message)`` before each entry (with ``workers > 1``: as each finishes).
+    workers : int, default 1
+        Worker processes (:mod:`.parallel`): every entry and the calibration run are
+        independent, seeded parts, so the rows are the same for any number of workers; only
+        the wall time (and each row's ``seconds``) changes.
     """
     if tier not in TIERS:
         raise InvalidArgument(f"tier must be one of {TIERS}, got {tier!r}")
     seed = check_int("seed", seed, minimum=0)
     alpha = check_alpha("alpha", alpha)
+    workers = check_int("workers", workers, minimum=1)
     from specverify import mutants
     from specverify.core.environment import environment
 
@@ -199,36 +206,52 @@ def run_selftest(
     equivalents = tuple(mutants.entries("equivalent") if equivalents is None else equivalents)
     say = progress or (lambda message: None)
     start = time.perf_counter()
-    rows, notes = [], []
     lr_rows = (check_int("lr_rows", lr_rows, minimum=1) if lr_rows is not None else LR_ROWS[tier]) if lr else None
-    for entry in verifiers + equivalents:
-        say(f"{entry.kind} {entry.name}")
-        rows.append(
-            run_verifier_entry(
-                entry,
-                tier=tier,
-                seed=seed,
-                alpha=alpha,
-                scenarios=scenarios,
-                schedule=schedule,
-                lr_rows=lr_rows if entry.kind == "verifier" else None,
-            )
+    parts = [
+        Part(
+            f"{entry.kind} {entry.name}",
+            run_verifier_entry,
+            {
+                "entry": entry,
+                "tier": tier,
+                "seed": seed,
+                "alpha": alpha,
+                "scenarios": scenarios,
+                "schedule": schedule,
+                "lr_rows": lr_rows if entry.kind == "verifier" else None,
+            },
         )
-    if decoders:
-        say("decoder mutants")
-        rows += run_decoder_mutants(tier=tier, seed=seed, alpha=alpha)
-    if trees:
-        say("tree verifier mutants")
-        rows += run_tree_entries(tier=tier, seed=seed, alpha=alpha)
-    if drafters:
-        say("drafter mutants")
-        drafter_rows, note = run_drafter_mutants(tier=tier, seed=seed, alpha=alpha)
-        rows += drafter_rows
-        notes.append(note)
-    cal = None
+        for entry in verifiers + equivalents
+    ]
+    common = {"tier": tier, "seed": seed, "alpha": alpha}
+    for on, subject, fn in (
+        (decoders, "decoder", run_decoder_mutants),
+        (trees, "tree", run_tree_entries),
+        (drafters, "drafter", run_drafter_mutants),
+    ):
+        if on:  # one part per entry: each builds its own seeded models, as the whole loop would
+            parts += [
+                Part(f"{subject} {e.name}", fn, {**common, "names": (e.name,)})
+                for e in mutants.entries(subject=subject)
+            ]
     if calibration:
-        say("calibration")
-        cal = run_calibration(tier=tier, seed=seed, **(calibration_options or {}))
+        # the calibration run has its own alpha (CALIBRATION_ALPHA), not the batteries'
+        parts.append(Part("calibration", run_calibration, {"tier": tier, "seed": seed, **(calibration_options or {})}))
+    outputs = run_parts(parts, workers=workers, progress=say)
+    rows: list = []
+    notes: list = []
+    cal = None
+    for part, out in zip(parts, outputs):
+        if part.fn is run_verifier_entry:
+            rows.append(out)
+        elif part.fn is run_drafter_mutants:
+            rows += out[0]
+            if out[1] not in notes:
+                notes.append(out[1])
+        elif part.fn is run_calibration:
+            cal = out
+        else:
+            rows += out
     peer_rows = None
     if peers:
         say("peers")
@@ -246,7 +269,9 @@ def run_selftest(
     )
 
 
-def main(tier: str = "smoke", seed: int = 0, as_json: bool = False, matrix_path=None, *, stream=None) -> int:
+def main(
+    tier: str = "smoke", seed: int = 0, as_json: bool = False, matrix_path=None, *, stream=None, workers: int = 1
+) -> int:
     """CLI entry: run the selftest, print the matrix (or JSON), optionally write the Markdown matrix.
 
     Returns 1 if a catalogued mutant survived or a correct variant failed, else 0.
@@ -263,6 +288,7 @@ def main(tier: str = "smoke", seed: int = 0, as_json: bool = False, matrix_path=
         lr=with_matrix or tier != "smoke",
         peers=with_matrix,
         progress=None if as_json else progress,
+        workers=workers,
     )
     print(render_json(result) if as_json else render_text(result), file=out)
     if with_matrix:
