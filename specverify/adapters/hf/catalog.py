@@ -194,6 +194,10 @@ GENERATORS = {
 
 
 def _family_present(spec: GeneratorSpec) -> bool:
+    from transformers.generation import candidate_generator as cg
+
+    if not all(hasattr(cg, name) for name in (spec.expected(False), spec.expected(True))):
+        return False
     if spec.architecture in ("gemma4", "gemma4_unified"):
         from specverify.adapters.fixtures.gemma4 import has_family
 
