@@ -139,6 +139,17 @@ GENERATOR_FINDINGS = (
         "(argmax drafts, raw logits returned), so the script exits 1 there too.",
     ),
     (
+        "repro_usd_q_permuted.py",
+        ("vocab_superset", "vocab_partial"),
+        "Universal speculative decoding verifies against a q attached to the wrong tokens",
+        "No upstream report found (searched huggingface/transformers issues and pull requests for the translator, "
+        "`get_target_logits` and the pruned head). `AssistantToTargetTranslator` is unchanged in transformers "
+        "5.25.0 (the script exits 1 there too). The pruned rows follow the `get_vocab()` dict order of the "
+        "assistant tokenizer, which for fast tokenizers is a hash-map order drawn afresh in every process, so the "
+        "mismatch is the rule, not an artefact of the tiny tokenizers, and the sampled different-tokenizer reports' "
+        "statistics change from process to process with the same seed (the script prints a different order each run).",
+    ),
+    (
         "repro_usd_subset_vocab.py",
         ("vocab_subset",),
         "Universal speculative decoding crashes when the assistant's vocabulary is a subset of the target's",
@@ -184,7 +195,7 @@ def _engagement(stats: dict) -> str:
         return "probe raised"
     return (
         f"{stats['drafted_per_drafting_round']:.2f} drafted in {stats['drafting_rounds']} of {stats['rounds']} rounds, "
-        f"{stats['tokens_per_round']:.2f} tokens/round; q handed: {'yes' if stats['with_logits'] else 'no'}"
+        f"{stats['tokens_per_round']:.2f} tokens/round; draft logits returned: {'yes' if stats['with_logits'] else 'no'}"
     )
 
 
@@ -205,8 +216,10 @@ def render_generators(reports, repro_outputs: dict) -> str:
         "call that `generate` built the expected generator class, and restores the draft-length fields of the "
         "generation config before every call (the `heuristic` schedule writes its last draft length back into "
         f"the assistant's config). Engagement: a probe of {PROBE_SAMPLES} calls (prompt {list(PROBE_PROMPT)}, "
-        "6 new tokens, seed 0) after each audit counts the rounds that drafted and whether a q was handed to "
-        "`_speculative_sampling`.",
+        "6 new tokens, seed 0) after each audit counts the rounds that drafted and whether the generator returned draft logits (with sampling "
+        "they are the q `_speculative_sampling` verifies against; greedy decoding ignores them). Same seed, same statistics holds for every configuration but the sampled "
+        "different-tokenizer ones (`vocab_*` with sampling): their translator's pruned-row order comes from a "
+        "hash map seeded afresh in every process (see the failures below).",
         "",
         "| config | generator class | expected | verdict | strongest evidence (or detectable TV) | engagement (probe) | runtime |",
         "|---|---|---|---|---|---|---|",

@@ -121,12 +121,16 @@ GENERATORS = {
             "UniversalSpeculativeDecodingGenerator",
             "llama",
             "num_assistant_tokens; assistant vocabulary = the target's 32 words + 8 of its own",
-            f"Sampling: the assistant's lm_head is pruned to the words both vocabularies share "
-            f"(`{_CG}` `AssistantToTargetTranslator`, `_PruneReindexingLMHead`); it drafts with the target's processors "
-            "on the pruned logits; drafts are mapped to target ids and q = the pruned processed scores scattered into "
-            "the target vocabulary with -inf elsewhere (`get_target_logits`). The first sampling call builds the "
-            "translator, whose `prune_linear_layer` draws from the global RNG (so the decoder warms up once). Greedy: "
-            "`AssistedCandidateGeneratorDifferentTokenizers` re-tokenizes text both ways and returns no logits.",
+            f"Sampling: the assistant's lm_head is pruned to the words both vocabularies share (`{_CG}` "
+            "`AssistantToTargetTranslator`, `_PruneReindexingLMHead`): pruned row j is assistant id "
+            "`assistant_overlap_token_ids[j]`, in the iteration order of the assistant tokenizer's `get_vocab()`. "
+            "It drafts with the target's processors on the pruned logits; `get_target_ids` maps a drafted row j "
+            "through `assistant_overlap_token_ids` to its target id, but `get_target_logits` scatters column j onto "
+            "the target id of the j-th shared assistant id in ascending id order, so q is the drafts' law attached "
+            "to other tokens unless that dict happens to be sorted by id. The first sampling call builds the "
+            "translator, whose `prune_linear_layer` draws from the global RNG (so the decoder warms up once). "
+            "Greedy: `AssistedCandidateGeneratorDifferentTokenizers` re-tokenizes text both ways and returns no "
+            "logits (target-only matching).",
             greedy_generator="AssistedCandidateGeneratorDifferentTokenizers",
         ),
         GeneratorSpec(
@@ -187,7 +191,9 @@ GENERATORS = {
             "SinglePositionMultiTokenCandidateGenerator",
             "gemma4_unified",
             "num_assistant_tokens of the Gemma4UnifiedAssistantForCausalLM",
-            "As `gemma4` (the same generator), with `Gemma4UnifiedForCausalLM` and its unified assistant.",
+            "As `gemma4` (the same generator), with `Gemma4UnifiedForCausalLM` and its unified assistant. The tiny "
+            "unified pair is built from the same seeds and shapes as the Gemma 4 pair and computes the same laws "
+            "(its outputs equal the Gemma 4 pair's), so it checks the routing and the classes, not a different law.",
         ),
     )
 }
@@ -318,6 +324,8 @@ def tiny_generator_decoder(
     if not _family_present(spec):
         raise InvalidArgument(f"the installed transformers has no {spec.generator} path for {generator!r}")
     model, assistant, options, draft_config, (tok, assistant_tok) = _draft_setup(spec, k, seed, float(confidence))
+    if greedy and (temperature != 1.0 or top_k or top_p != 1.0):
+        raise InvalidArgument("greedy decoding takes no sampling options (temperature, top_k, top_p)")
     sampling = {} if greedy else dict(temperature=temperature, top_k=top_k, top_p=top_p)
     return HFGeneratorDecoder(
         model,

@@ -172,7 +172,9 @@ class HFGeneratorDecoder(HFAssistedDecoder):
         sampling = (
             dict(do_sample=False)
             if self.greedy
-            else dict(do_sample=True, temperature=o["temperature"], top_k=o["top_k"], top_p=o["top_p"], min_p=o["min_p"])
+            else dict(
+                do_sample=True, temperature=o["temperature"], top_k=o["top_k"], top_p=o["top_p"], min_p=o["min_p"]
+            )
         )
         pad = model.generation_config.pad_token_id
         self._config_kwargs = dict(
