@@ -26,8 +26,12 @@ The models are the offline tiny Llama pair of :mod:`specverify.adapters.fixtures
 samples than check_decoder's smoke plan (:data:`SIZES`); the README states every size and
 the minimum detectable TV that goes with it.  Deterministic: same seed, same verdicts.
 
+The candidate-generator matrix (:mod:`tools.reports.hf_generators`: every other path ``generate``
+can take with a draft, each with an engagement probe) runs in the same command.
+
 Regenerate: ``python -m tools.reports.hf_reports --out reports/hf-transformers`` (about
-8 minutes on 2 CPU cores; ``--quick`` takes seconds).
+30 minutes on one CPU core, 8 of them the kernel battery, 20 the generator matrix; ``--quick``
+takes about a minute).  It exits 1 when a lossless configuration does not pass.
 
 References: Leviathan, Kalman & Matias (ICML 2023); transformers ``generation/utils.py``
 (``_assisted_decoding``, ``_speculative_sampling``); docs/design.md; docs/bugs.md.
