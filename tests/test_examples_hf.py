@@ -7,6 +7,7 @@ tiny decoder configurations (sampling with top-k, greedy), so the whole file tak
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,7 @@ from specverify.cli.commands import parse_command
 from specverify.core.errors import InvalidArgument
 from specverify.report import load_report
 from tools.reports import hf_reports as example
+from tools.reports.hf_generators import GENERATOR_CONFIGS, GENERATOR_REPROS, QUICK_GENERATOR_CONFIGS
 
 VERDICTS = {"pass", "suspicious", "fail"}
 
@@ -30,7 +32,7 @@ def quick_run(tmp_path_factory):
 def test_quick_run_writes_reports_readme_and_repros(quick_run):
     out, reports = quick_run
     names = [name for name, _ in reports]
-    assert names == [example.KERNEL_NAME, *example.QUICK_CONFIGS]
+    assert names == [example.KERNEL_NAME, *example.QUICK_CONFIGS, *QUICK_GENERATOR_CONFIGS]
     for name, report in reports:
         for filename in ("report.json", "report.md", "report.html"):
             assert (out / name / filename).is_file(), f"{name}/{filename} missing"
@@ -63,6 +65,10 @@ def test_quick_run_writes_reports_readme_and_repros(quick_run):
     for name in names:
         assert f"[`{name}`]({name}/report.md)" in readme
     assert "## What the suite found" in readme and "min detectable TV" in readme
+    assert "## Every candidate generator of `generate`" in readme and "PromptLookupCandidateGenerator" in readme
+    generator = dict(reports)[QUICK_GENERATOR_CONFIGS[0]]
+    probe = generator.extra["hf_audit"]["probe"]
+    assert probe["generators"] == ["PromptLookupCandidateGenerator"] and probe["drafted"] > 0
     for script in example.REPRO_SCRIPTS:
         assert (out / script).is_file() and f"({script})" in readme
     # the reproducers ran, and say what the installed transformers does: the zero-uniform support bug
@@ -95,3 +101,16 @@ def test_bad_arguments(tmp_path, capsys):
     assert example.main(["--out", str(tmp_path), "--config", "nope"]) == 2
     assert "configs must be names" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_committed_readme_lists_every_generator_config():
+    """The committed HF audit holds a report for every candidate-generator configuration, and their repros."""
+    root = Path(__file__).resolve().parents[1] / "reports" / "hf-transformers"
+    readme = (root / "README.md").read_text()
+    for config in GENERATOR_CONFIGS:
+        assert (root / config.name / "report.json").is_file(), config.name
+        assert f"[`{config.name}`]({config.name}/report.md)" in readme
+        report = load_report(root / config.name)
+        assert report.extra["hf_audit"]["generator"] == config.generator
+    for script in GENERATOR_REPROS:
+        assert (root / script).is_file() and f"({script})" in readme

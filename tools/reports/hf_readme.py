@@ -91,9 +91,9 @@ def _fmt_range(lo, hi, fmt="{:.3g}") -> str:
 def _found(rows: list[dict]) -> list[str]:
     lossless = [r for r in rows if r["expect"] == "pass"]
     controls = [r for r in rows if r["expect"] == "fail"]
-    unexpected = [r for r in rows if (r["verdict"] == "fail") != (r["expect"] == "fail")]
+    unexpected = [r for r in rows if (r["verdict"] in ("fail", "error")) != (r["expect"] == "fail")]
     lines = []
-    passed = [r for r in lossless if r["verdict"] != "fail"]
+    passed = [r for r in lossless if r["verdict"] in ("pass", "suspicious")]
     if passed:
         kernel = [r["tv_median"] for r in passed if r["kind"] == "verifier" and r["tv_median"] is not None]
         first = [r["tv_first"] for r in passed if r["tv_first"] is not None]
@@ -127,7 +127,13 @@ def _found(rows: list[dict]) -> list[str]:
                 "these sample sizes lack power against it."
             )
     for r in unexpected:
-        if r["expect"] == "pass":
+        if r["expect"] == "pass" and r["verdict"] == "error":
+            lines.append(
+                f"- `{r['name']}` could not be tested (ERROR): "
+                + "; ".join(r["errors"][:1])[:500]
+                + f" (details: `{r['name']}/report.md`)."
+            )
+        elif r["expect"] == "pass":
             lines.append(
                 f"- `{r['name']}` FAILED: "
                 + "; ".join((r["errors"] + r["flagged"])[:5])

@@ -26,8 +26,12 @@ The models are the offline tiny Llama pair of :mod:`specverify.adapters.fixtures
 samples than check_decoder's smoke plan (:data:`SIZES`); the README states every size and
 the minimum detectable TV that goes with it.  Deterministic: same seed, same verdicts.
 
+The candidate-generator matrix (:mod:`tools.reports.hf_generators`: every other path ``generate``
+can take with a draft, each with an engagement probe) runs in the same command.
+
 Regenerate: ``python -m tools.reports.hf_reports --out reports/hf-transformers`` (about
-8 minutes on 2 CPU cores; ``--quick`` takes seconds).
+30 minutes on one CPU core, 8 of them the kernel battery, 20 the generator matrix; ``--quick``
+takes about a minute).  It exits 1 when a lossless configuration does not pass.
 
 References: Leviathan, Kalman & Matias (ICML 2023); transformers ``generation/utils.py``
 (``_assisted_decoding``, ``_speculative_sampling``); docs/design.md; docs/bugs.md.
@@ -60,6 +64,15 @@ from tools.reports.hf_config import (
     kernel_argv,
 )
 from tools.reports.hf_findings import REPRO_SCRIPTS, repro_source, run_repro
+from tools.reports.hf_generators import (
+    GENERATOR_CONFIGS,
+    PROBE_SAMPLES,
+    QUICK_GENERATOR_CONFIGS,
+    generator_argv,
+    probe,
+    relevant_repros,
+    render_generators,
+)
 from tools.reports.hf_readme import render_readme, summarise
 from specverify.core.errors import InvalidArgument
 from specverify.core.files import atomic_write_text
@@ -105,9 +118,9 @@ def _sizes(tier: str, quick: bool) -> dict:
 
 
 def _wanted(configs, quick: bool) -> tuple[str, ...]:
-    known = (KERNEL_NAME, *(c.name for c in CONFIGS))
+    known = (KERNEL_NAME, *(c.name for c in CONFIGS), *(c.name for c in GENERATOR_CONFIGS))
     if configs is None:
-        return (KERNEL_NAME, *QUICK_CONFIGS) if quick else known
+        return (KERNEL_NAME, *QUICK_CONFIGS, *QUICK_GENERATOR_CONFIGS) if quick else known
     configs = tuple(configs)
     bad = [c for c in configs if c not in known]
     if bad:
@@ -140,6 +153,12 @@ def audit_jobs(*, seed: int = 0, tier: str = "smoke", alpha: float = 1e-3, quick
         argv = decoder_argv(config, num_samples=n, max_new_tokens=sizes["max_new_tokens"]) + run
         extra = {**dataclasses.asdict(config), "model_seed": MODEL_SEED, "vocab_size": VOCAB_SIZE}
         jobs.append(Job(config.name, argv, config.options(), config.expect, "", extra))
+    for gconfig in GENERATOR_CONFIGS:
+        if gconfig.name not in wanted:
+            continue
+        argv = generator_argv(gconfig, num_samples=sizes["num_samples"], max_new_tokens=sizes["max_new_tokens"]) + run
+        extra = {**dataclasses.asdict(gconfig), "model_seed": MODEL_SEED}
+        jobs.append(Job(gconfig.name, argv, gconfig.options(), gconfig.expect, "", extra))
     return jobs, sizes
 
 
@@ -175,16 +194,23 @@ def _command(out_dir, seed: int, tier: str, quick: bool, configs) -> str:
     return cmd
 
 
-def _run_findings(out_dir: Path, say) -> dict[str, tuple[str, int]]:
+def _run_findings(out_dir: Path, say, scripts=REPRO_SCRIPTS) -> dict[str, tuple[str, int]]:
     """Run every repro script from ``out_dir`` (copied there from the checkout if needed): (output, exit status)."""
     outputs = {}
-    for script in REPRO_SCRIPTS:
+    for script in scripts:
         source, path = repro_source(script), out_dir / script
         if not path.exists() or not path.samefile(source):
             shutil.copyfile(source, path)
         say(f"{script}: running")
         outputs[script] = run_repro(path)
     return outputs
+
+
+def _insert_generators(readme: str, section: str) -> str:
+    """Put the candidate-generator section before the code-reading findings."""
+    marker = "## Findings from reading the code"
+    head, found, tail = readme.partition(marker)
+    return head + section + "\n" + found + tail if found else readme + "\n" + section
 
 
 def generate_hf_reports(
@@ -234,6 +260,8 @@ def generate_hf_reports(
     say = progress or (lambda message: None)
     started = time.perf_counter()
     reports, rows = [], []
+    generator_configs = {c.name: c for c in GENERATOR_CONFIGS}
+    generator_names = set(generator_configs)
     for job in jobs:
         if readme_only:
             report = load_report(out_dir / job.name / "report.json")
@@ -243,10 +271,13 @@ def generate_hf_reports(
         say(f"{job.name}: specverify audit {' '.join(job.argv)}")
         report = audit_report(job.argv)
         size_text = _size_text(job, report, sizes["max_new_tokens"])
+        audit = {"config": job.name, **job.extra, "sizes": size_text}
+        if job.name in generator_names:
+            audit["probe"] = probe(generator_configs[job.name], samples=20 if quick else PROBE_SAMPLES)
         report = dataclasses.replace(
             report,
             environment={**report.environment, "transformers": TRANSFORMERS_VERSION},
-            extra={**report.extra, "hf_audit": {"config": job.name, **job.extra, "sizes": size_text}},
+            extra={**report.extra, "hf_audit": audit},
         )
         write_report(report, out_dir / job.name, plots=plots)
         reports.append((job.name, report))
@@ -267,6 +298,9 @@ def generate_hf_reports(
         repro_outputs=_run_findings(out_dir, say),
         runtimes_summed=summed,
     )
+    generated = [(name, report) for name, report in reports if name in generator_names]
+    if generated:
+        readme = _insert_generators(readme, render_generators(generated, _run_findings(out_dir, say, relevant_repros(generated))))
     atomic_write_text(out_dir / "README.md", readme)
     return reports
 
@@ -303,7 +337,7 @@ def main(argv=None) -> int:
     except InvalidArgument as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    expected = {c.name: c.expect for c in CONFIGS}
+    expected = {c.name: c.expect for c in (*CONFIGS, *GENERATOR_CONFIGS)}
     unexpected = 0
     for name, report in reports:
         want = expected.get(name, "pass")
