@@ -22,11 +22,9 @@ Run: python benchmarks/bench_point_mass_share.py [--quick]
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 from scipy import stats as sps
@@ -38,7 +36,6 @@ from specverify.stats.sparse import sparse_test
 
 ALPHA = 1e-3
 REPS = 400
-STORE = Path("build/calibration/chain.jsonl")
 
 
 def lr_power(n, p_x, q_x, alpha=ALPHA):
@@ -96,17 +93,16 @@ def needed_share(p, q, power, ratio, lr):
 
 
 def shares_today():
-    """Median share of the sparse tests, and the share at abs=0, in the stored reference chain smoke run (seed 0)."""
-    from specverify import stats
-    from specverify.core.conformance import is_conformance
-    from specverify.core.results import TestResult
+    """Median share of the sparse tests, and the share at abs=0, in the reference chain smoke run (seed 0)."""
+    import torch
 
-    record = json.loads(STORE.read_text().splitlines()[0])
-    results = []
-    for family, label, pv in zip(record["families"], record["labels"], record["pvalues"]):
-        name, scenario, position = label.split("|", 2)
-        results.append(TestResult(0.0, pv, name, family, "", 1, scenario=scenario, position=position))
-    graded = [r for r in stats.grade(results, alpha=ALPHA) if not is_conformance(r)]
+    import specverify as sv
+    from reference.rules import verify
+    from specverify.core.conformance import is_conformance
+
+    torch.set_num_threads(1)
+    report = sv.check_verifier(verify, tier="smoke", seed=0, alpha=ALPHA)
+    graded = [r for r in report.results if not is_conformance(r)]
     sparse = [r.alpha for r in graded if r.name == "sparse"]
     first = [r.alpha for r in graded if r.name == "sparse" and r.position == "abs=0"]
     return float(np.median(sparse)), float(np.median(first)), len(graded)
