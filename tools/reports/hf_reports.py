@@ -162,6 +162,17 @@ def audit_jobs(*, seed: int = 0, tier: str = "smoke", alpha: float = 1e-3, quick
     return jobs, sizes
 
 
+def _sklearn() -> str:
+    """scikit-learn's version, or "absent": with it, the confidence-threshold schedule re-fits its threshold
+    every round (``AssistedCandidateGenerator.update_candidate_strategy``); without it the threshold stays fixed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("scikit-learn")
+    except PackageNotFoundError:
+        return "absent"
+
+
 def _size_text(job: Job, report, max_new_tokens: int) -> str:
     if job.size_text:
         return job.size_text
@@ -170,14 +181,8 @@ def _size_text(job: Job, report, max_new_tokens: int) -> str:
 
 
 def _recorded_runtime(out_dir: Path, reports) -> tuple[float, bool]:
-    """``--readme-only``: the total runtime the README being rewritten states, else the reports' runtimes summed.
-
-    Returns ``(seconds, summed)``.
-    """
-    readme = out_dir / "README.md"
-    found = re.search(r"total runtime (\d+) s", readme.read_text()) if readme.exists() else None
-    if found and "runtimes summed" not in readme.read_text():
-        return float(found.group(1)), False
+    """``--readme-only``: the reports' runtimes summed (a README written by a ``--config`` run states only
+    that run's time, so no total is carried over).  Returns ``(seconds, summed)``."""
     return sum(float(r.timings.get("total", 0.0)) for _, r in reports), True
 
 
@@ -276,7 +281,7 @@ def generate_hf_reports(
             audit["probe"] = probe(generator_configs[job.name], samples=20 if quick else PROBE_SAMPLES)
         report = dataclasses.replace(
             report,
-            environment={**report.environment, "transformers": TRANSFORMERS_VERSION},
+            environment={**report.environment, "transformers": TRANSFORMERS_VERSION, "scikit-learn": _sklearn()},
             extra={**report.extra, "hf_audit": audit},
         )
         write_report(report, out_dir / job.name, plots=plots)

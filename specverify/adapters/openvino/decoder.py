@@ -462,7 +462,7 @@ def max_conditional_difference(*, seed: int = 0, num_sequences: int = 8, length:
 
     hf_dir, _ = save_tiny_models(seed=seed)
     target = tiny_target(seed=seed)
-    model = LlamaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    model = LlamaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, use_kernels=False).eval()  # offline, eager
 
     def laws(sequences: torch.Tensor) -> torch.Tensor:
         return torch.softmax(target.logits(sequences).double(), -1)  # (N, T, V)
