@@ -37,6 +37,7 @@ from specverify.core.validation import check_float, check_int
 
 __all__ = [
     "MAX_SEED",
+    "PAD_TOKEN",
     "MAX_DRAFT_TOKENS",
     "sampling_options",
     "processed_law",
@@ -48,6 +49,8 @@ __all__ = [
 
 #: ``search.random_seed`` is a C++ int; -1 means "seed from std::random_device" (``CreateRandomGenerator``).
 MAX_SEED = 2**31 - 1
+#: No token id: the tiny models have no padding (see :func:`plain_config`).
+PAD_TOKEN = -1
 #: ``Speculative_Element::kMaxDraftTokens`` (``src/config.cpp``): max_draft_tokens is in [1, 16].
 MAX_DRAFT_TOKENS = 16
 #: The nucleus is exact for vocabularies up to 16 * 4 tokens (``FindNucleus``).
@@ -144,7 +147,7 @@ def tokens_from_rows(rows, *, num_samples: int, max_new_tokens: int, vocab_size:
 
 
 def plain_config(builder_config: dict, *, eos_token_id: int, num_threads: int = 1) -> dict:
-    """A model builder's ``genai_config.json`` with the end-of-sequence token and one ORT thread set."""
+    """A model builder's ``genai_config.json`` with the end-of-sequence token, no pad token and one ORT thread."""
     eos_token_id = check_int("eos_token_id", eos_token_id, minimum=0)
     num_threads = check_int("num_threads", num_threads, minimum=1)
     config = copy.deepcopy(builder_config)
@@ -155,7 +158,10 @@ def plain_config(builder_config: dict, *, eos_token_id: int, num_threads: int = 
         raise InvalidArgument(f"not a genai_config with model.decoder: {error!r}") from error
     if not 0 <= eos_token_id < int(model.get("vocab_size", 0)):
         raise InvalidArgument(f"eos_token_id {eos_token_id} is outside the vocabulary of {model.get('vocab_size')}")
-    model["eos_token_id"] = model["pad_token_id"] = model["bos_token_id"] = eos_token_id
+    # The pad id must be no token at all: the engine masks (attention 0) every prompt or generated
+    # token equal to it (src/models/position_inputs.cpp), which changes the model's law.
+    model["eos_token_id"] = model["bos_token_id"] = eos_token_id
+    model["pad_token_id"] = PAD_TOKEN
     options["intra_op_num_threads"] = num_threads
     options["inter_op_num_threads"] = 1
     return config
