@@ -74,7 +74,7 @@ __all__ = [
 INSTALL = (
     "python -m venv .venvs/ortgenai && . .venvs/ortgenai/bin/activate && pip install torch==2.13.0 && "
     "pip install onnxruntime-genai==0.18.0 onnxruntime==1.32.0 onnx==1.23.2 onnx-ir==1.1.0 && "
-    'pip install -e ".[test,plots,hf]" transformers==5.24.0'
+    'pip install -e ".[test,plots,hf]" transformers==5.25.0'
 )
 #: The tiny vocabulary's last id, declared end-of-sequence and masked by ``min_length``.
 EOS_TOKEN = 31
