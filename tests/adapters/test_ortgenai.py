@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from specverify.adapters.ortgenai import decoder as adapter
-from specverify.adapters.ortgenai import sampling
+from specverify.adapters.ortgenai import law as sampling
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.loading import parse_options
 from tools.reports import ortgenai_reports

@@ -2,7 +2,7 @@
 
 ``decoder`` wraps ``onnxruntime_genai.Generator`` on a composite target + draft configuration
 behind the decoder protocol, on the tiny seeded Llamas exported offline by the engine's model
-builder, and gives the exact target law from the same weights; ``sampling`` is the engine's
+builder, and gives the exact target law from the same weights; ``law`` is the engine's
 sampling law in float64 and its configuration files (engine-free).  Checked against
 onnxruntime-genai 0.18.0 (its own virtualenv: see the README); the reports are in
 ``reports/onnxruntime-genai``.  onnxruntime_genai is imported inside functions.
@@ -20,7 +20,7 @@ from specverify.adapters.ortgenai.decoder import (
     tiny_decoder,
     tiny_target,
 )
-from specverify.adapters.ortgenai.sampling import (
+from specverify.adapters.ortgenai.law import (
     processed_law,
     sample_seeds,
     sampling_options,

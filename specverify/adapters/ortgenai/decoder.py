@@ -8,12 +8,12 @@ The decoder protocol of ``docs/design.md``::
 is batch 1 in this release): ``GeneratorParams.set_search_options(do_sample=True, temperature,
 top_k, top_p, max_length=T+L, min_length=T+L, random_seed=...)``, ``append_tokens(prompt)`` and
 ``generate_next_token`` until ``is_done``; the new tokens are ``get_sequence(0)[T:]``.  With a draft
-the model directory is the composite configuration (:func:`~specverify.adapters.ortgenai.sampling.speculative_config`)
+the model directory is the composite configuration (:func:`~specverify.adapters.ortgenai.law.speculative_config`)
 and ``set_speculative_options(max_draft_tokens=K)`` fixes the draft length; without one the
 target's own configuration is the control.  The engine seeds one ``std::mt19937`` per generator
 from ``random_seed`` (``CreateRandomGenerator``; -1 would seed it from ``std::random_device``),
 so every sample gets its own seed: distinct draws in [0, 2**31 - 1] of a ``torch.Generator``
-seeded with the protocol's ``seed`` (:func:`~specverify.adapters.ortgenai.sampling.sample_seeds`).
+seeded with the protocol's ``seed`` (:func:`~specverify.adapters.ortgenai.law.sample_seeds`).
 ``do_sample=False`` (``greedy=True``) is greedy speculative decoding.
 
 The tiny models have no end-of-sequence token but the engine requires one inside the
@@ -23,7 +23,7 @@ audited law is the model's law without that token, and the exact target applies 
 
 The exact conditionals (:class:`ORTGenAITarget`) come from the same Hugging Face weights in
 transformers float32 (the builder's input), processed in float64 by
-:func:`~specverify.adapters.ortgenai.sampling.processed_law`; :func:`max_conditional_difference`
+:func:`~specverify.adapters.ortgenai.law.processed_law`; :func:`max_conditional_difference`
 compares them with the exported model's logits read from the engine (``Generator.get_logits``).
 
 Models: the tiny seeded Llama pair of :func:`specverify.adapters.fixtures.llama.save_tiny_models`
@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from specverify.adapters.ortgenai.sampling import (
+from specverify.adapters.ortgenai.law import (
     plain_config,
     processed_law,
     sample_seeds,
