@@ -93,10 +93,11 @@ def _done(path: Path) -> set[int]:
 
 def run(batteries, seeds: range, workers: int) -> None:
     STORE.mkdir(parents=True, exist_ok=True)
+    done = {battery: _done(STORE / f"{battery}.jsonl") for battery in batteries}  # read each store once
     todo = []
     for seed in seeds:  # interleaved, so every battery advances together
         for battery in batteries:
-            if seed not in _done(STORE / f"{battery}.jsonl"):
+            if seed not in done[battery]:
                 todo.append((battery, seed))
     print(f"{len(todo)} runs to do", flush=True)
     with ProcessPoolExecutor(max_workers=workers) as pool:
