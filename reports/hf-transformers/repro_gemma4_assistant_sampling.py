@@ -17,6 +17,19 @@ the target's exact law p(. | prompt, t1) and with the law the code implements (a
 
 Prints both chi-square tests; exits 1 while the output follows the implemented law and not p
 (p-value vs target < 1e-6), 0 otherwise.  Runtime about a minute on one CPU thread.
+
+Run, from any directory (exits 1 on transformers 5.24.0 and 5.25.0):
+    pip install torch==2.13.0 transformers==5.24.0
+    python repro_gemma4_assistant_sampling.py
+
+Expected output (transformers 5.24.0, x86-64 CPU; exit status 1):
+    transformers 5.24.0, torch 2.13.0+cpu
+    prompt [3, 5, 7, 9, 3], first token t1 = 13 in 795 of 1500 samples; draft x = argmax q = 14
+      target p(x | prompt, t1) = 0.0001, raw-logit q(x) = 0.6577
+      observed share of x as token 2: 0.0000 (target 0.0001, implemented rule 0.0002)
+      chi-square vs the target's law:     stat 47.3, p = 1.67e-08
+      chi-square vs the implemented rule: stat 4.2, p = 0.523
+    BUG: the second token does not follow the target's law (exit 1)
 """
 
 import sys

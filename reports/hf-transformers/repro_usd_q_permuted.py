@@ -19,6 +19,20 @@ target "w0".."w15", assistant the same words plus "x0".."x3" with ids in a shuff
 the law of the draft (what ``generate`` samples, mapped to target ids as ``get_target_ids`` does) with
 the q ``get_target_logits`` returns.  Exits 1 while they differ, 0 otherwise.  The hash-map order, hence
 the printed ids and the size of the difference, changes from process to process.
+
+Run, from any directory (exits 1 on transformers 5.24.0 and 5.25.0):
+    pip install torch==2.13.0 transformers==5.24.0
+    python repro_usd_q_permuted.py
+
+Expected output (transformers 5.24.0, x86-64 CPU; exit status 1; the ids and the TV vary per process):
+    transformers 5.24.0, torch 2.13.0+cpu
+    pruned head rows are assistant ids [11, 8, 4, 18, 16, 15, 2, 19, 7, 6, 0, 10, 1, 5, 17, 14]
+    get_target_logits puts pruned column j on target ids [4, 5, 13, 7, 14, 3, 6, 9, 11, 2, 10, 12, 15, 8, 1, 0]
+    row j really is target id [2, 9, 7, 1, 15, 12, 13, 0, 6, 3, 4, 11, 5, 14, 8, 10]
+    law of the drafts on target ids (= the unpruned assistant's law: max diff 5.6e-17): [0.218, 0.081, ...]
+    q handed to _speculative_sampling:                 [0.002, 0.027, ...]
+    total variation between them: 0.595
+    BUG: the q verified is not the law the drafts were sampled from (exit 1)
 """
 
 import sys

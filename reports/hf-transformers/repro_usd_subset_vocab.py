@@ -11,6 +11,17 @@ Smallest configuration: two word-level tokenizers (target "w0".."w7"; assistant 
 a 1-layer V=8 Llama target and a 1-layer V=4 Llama assistant, seeded, prompt "w1 w2", one new token
 drafted with K = 1.  Greedy decoding (``AssistedCandidateGeneratorDifferentTokenizers``) is the control.
 Exits 1 while sampling raises, 0 otherwise.
+
+Run, from any directory (exits 1 on transformers 5.24.0 and 5.25.0):
+    pip install torch==2.13.0 transformers==5.24.0
+    python repro_usd_subset_vocab.py
+
+Expected output (transformers 5.24.0, x86-64 CPU; exit status 1):
+    transformers 5.24.0, torch 2.13.0+cpu
+    target vocabulary ['w0', 'w1', 'w2', 'w3', 'w4', 'w5', 'w6', 'w7'], assistant vocabulary ['w0', 'w1', 'w2', 'w3']
+    do_sample=False: generated 'w5 w5 w5'
+    do_sample=True: AttributeError: 'AssistantToTargetTranslator' object has no attribute 'assistant_overlap_token_ids'
+    BUG: sampling with an assistant vocabulary that is a subset of the target's raises (exit 1)
 """
 
 import sys
