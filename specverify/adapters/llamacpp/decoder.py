@@ -238,7 +238,9 @@ class LlamaCppDecoder:
             if self.drafter == "prompt_lookup":
                 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-                inner = LlamaPromptLookupDecoding(max_ngram_size=self.max_ngram_size, num_pred_tokens=self.num_pred_tokens)
+                inner = LlamaPromptLookupDecoding(
+                    max_ngram_size=self.max_ngram_size, num_pred_tokens=self.num_pred_tokens
+                )
                 draft = self.counter = CountingDrafter(inner)
             elif self.drafter == "draft_model":
                 draft = self.counter = CountingDrafter(

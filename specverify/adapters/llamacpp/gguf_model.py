@@ -41,7 +41,11 @@ TOKEN_TYPES = (2, 3, 3) + (1,) * (len(PIECES) - 3)
 
 def _permute(weights: torch.Tensor, n_head: int) -> torch.Tensor:
     """convert_hf_to_gguf's ``LlamaModel.permute``: half-split rotary rows -> interleaved pairs."""
-    return weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
+    return (
+        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
 
 
 def write_gguf(hf_dir, path) -> Path:
