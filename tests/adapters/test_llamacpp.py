@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from specverify.adapters.llamacpp import decoder as adapter
-from specverify.adapters.llamacpp import sampling
+from specverify.adapters.llamacpp import sampler_chain as sampling
 from specverify.adapters.llamacpp.gguf_model import EOG, PIECES
 from specverify.core.errors import ImplementationError, InvalidArgument
 from tools.reports import llamacpp_reports

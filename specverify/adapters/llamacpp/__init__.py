@@ -4,7 +4,7 @@
 ``LlamaPromptLookupDecoding`` and with a draft ``Llama`` behind llama-cpp-python's
 ``LlamaDraftModel`` interface, on the tiny seeded Llamas written as GGUF offline
 (:mod:`~specverify.adapters.llamacpp.gguf_model`), and gives the exact law from the same weights
-with llama.cpp's sampler chain re-implemented in float64 (:mod:`~specverify.adapters.llamacpp.sampling`:
+with llama.cpp's sampler chain re-implemented in float64 (:mod:`~specverify.adapters.llamacpp.sampler_chain`:
 temperature, top-k, top-p, min-p, repeat / frequency / presence penalties over the penalty window,
 a grammar's allowed-token mask).  Checked against llama-cpp-python 0.3.36 (its own virtualenv: see
 the README); the reports are in ``reports/llama-cpp``.  llama_cpp is imported inside functions.
@@ -25,7 +25,7 @@ from specverify.adapters.llamacpp.decoder import (
     tiny_target,
     tokens_from_rows,
 )
-from specverify.adapters.llamacpp.sampling import (
+from specverify.adapters.llamacpp.sampler_chain import (
     DEFAULTS,
     WORD_GRAMMAR,
     CharGrammar,

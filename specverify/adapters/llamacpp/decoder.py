@@ -23,7 +23,7 @@ counts calls and proposed tokens).  ``None`` is the control.
 
 :class:`LlamaCppTarget` gives the exact law: the same weights in transformers float32 (the
 Hugging Face directory the GGUF was written from), each position's logits processed by
-:func:`specverify.adapters.llamacpp.sampling.processed_probs` in float64 with the penalty window
+:func:`specverify.adapters.llamacpp.sampler_chain.processed_probs` in float64 with the penalty window
 and grammar state of the tokens generated since the prompt.  :func:`max_conditional_difference`
 compares llama.cpp's raw law with it.  References: llama-cpp-python ``llama_cpp/llama.py``
 (``Llama.generate``, ``_init_sampler``), ``llama_cpp/llama_speculative.py``; llama.cpp
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from specverify.adapters.llamacpp.gguf_model import EOG, PIECES, save_tiny_gguf
-from specverify.adapters.llamacpp.sampling import WORD_GRAMMAR, SamplerOptions, processed_probs, sampler_options
+from specverify.adapters.llamacpp.sampler_chain import WORD_GRAMMAR, SamplerOptions, processed_probs, sampler_options
 from specverify.adapters.runtime import OutputMemo, max_law_difference
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.validation import check_bool, check_int, check_shape, check_tokens
@@ -192,11 +192,11 @@ class LlamaCppDecoder:
     draft_path : path, optional
         The draft GGUF (``drafter="draft_model"``).
     grammar : bool
-        Constrain generation with :data:`~specverify.adapters.llamacpp.sampling.WORD_GRAMMAR`.
+        Constrain generation with :data:`~specverify.adapters.llamacpp.sampler_chain.WORD_GRAMMAR`.
     memoize : bool
         Diagnostic replay of repeated calls (:class:`specverify.adapters.runtime.OutputMemo`).
     **options
-        Sampler options (:func:`~specverify.adapters.llamacpp.sampling.sampler_options`; ``last_n``
+        Sampler options (:func:`~specverify.adapters.llamacpp.sampler_chain.sampler_options`; ``last_n``
         is ``Llama(last_n_tokens_size=...)``).
     """
 
@@ -291,7 +291,7 @@ class LlamaCppTarget:
     """Exact processed conditionals of llama-cpp-python's sampler chain on the tiny target's weights.
 
     Raw logits: transformers float32 on the Hugging Face directory the GGUF was written from.  The
-    chain (:func:`~specverify.adapters.llamacpp.sampling.processed_probs`) sees the tokens
+    chain (:func:`~specverify.adapters.llamacpp.sampler_chain.processed_probs`) sees the tokens
     generated since the prompt: ``conditionals(sequences, start)`` takes ``sequences[:, :start]``
     as the prompt; ``next_token_probs(prefix)`` is the law of the first token ``generate(prefix)``
     emits (the whole prefix is the prompt: empty penalty window, grammar at its start).
@@ -301,7 +301,7 @@ class LlamaCppTarget:
     hf_dir : path
         The target's Hugging Face directory.
     grammar : bool
-        Mask with :data:`~specverify.adapters.llamacpp.sampling.WORD_GRAMMAR`.
+        Mask with :data:`~specverify.adapters.llamacpp.sampler_chain.WORD_GRAMMAR`.
     **options
         Sampler options, as :class:`LlamaCppDecoder`'s.
     """

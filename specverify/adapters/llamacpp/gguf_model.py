@@ -8,7 +8,7 @@ projections permuted from Hugging Face's half-split rotary layout to GGUF's inte
 (``LlamaModel.permute``).  The vocabulary (:data:`PIECES`) has 32 pieces: ``<unk>``, ``<s>``,
 ``</s>`` (unknown, control, control: the usual SentencePiece layout; ``</s>`` is the
 end-of-generation token) and 29 short strings over ``a``, ``b``, ``c`` and space, so that the
-grammar of :data:`specverify.adapters.llamacpp.sampling.WORD_GRAMMAR` constrains tokens in a
+grammar of :data:`specverify.adapters.llamacpp.sampler_chain.WORD_GRAMMAR` constrains tokens in a
 context-dependent way (a token can end mid-word; some never fit).  Token ids are passed to the
 engine directly; the tokenizer is never run on text.
 
