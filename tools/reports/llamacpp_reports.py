@@ -7,8 +7,7 @@
 Needs llama-cpp-python and gguf (:data:`specverify.adapters.llamacpp.INSTALL`).  Each configuration
 of :data:`CONFIGS` runs as ``specverify audit --decoder specverify.adapters.llamacpp:tiny_decoder
 --target specverify.adapters.llamacpp:tiny_target ...`` in its own process (through
-:func:`tools.reports.common.run_config`), at the smoke tier with ``--num-samples 800
---max-new-tokens 6`` (2 prompts; the other tiers use the battery's sizes).  Then, for every
+:func:`tools.reports.common.run_config`), at the battery's sizes.  Then, for every
 speculative configuration, :func:`probe` runs the drafter and the no-draft control with the same
 options and the same per-sample seeds on one prompt, and records how much was drafted and how many
 rows are token-for-token identical (``probe.json``); ``README.md`` is written from the
@@ -25,11 +24,9 @@ from pathlib import Path
 from specverify.core.files import atomic_write_text
 from tools.reports.common import readme_fields, report_main, read_template
 
-__all__ = ["CONFIGS", "SIZES", "PROBE_PROMPT", "PROBE_SAMPLES", "config_args", "probe", "write_readme", "main"]
+__all__ = ["CONFIGS", "PROBE_PROMPT", "PROBE_SAMPLES", "config_args", "probe", "write_readme", "main"]
 
 MOD = "specverify.adapters.llamacpp"
-#: Smoke-tier sizes per prompt (800 rows of 6 tokens; the other tiers use the battery's sizes).
-SIZES = ("--num-samples", "800", "--max-new-tokens", "6")
 PROBE_PROMPT = (3, 7, 9, 3, 7, 4)
 PROBE_SAMPLES = 200
 SAMPLER_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty",
@@ -174,9 +171,7 @@ def write_readme(out: Path, *, seed: int, tier: str) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    smoke = "--tier" not in argv or argv[argv.index("--tier") + 1] == "smoke"
-    seed = int(argv[argv.index("--seed") + 1]) if "--seed" in argv else 0
-    configs = [(name, config_args(d, s) + (list(SIZES) if smoke else [])) for name, _, d, s in CONFIGS]
+    configs = [(name, config_args(d, s)) for name, _, d, s in CONFIGS]
 
     def readme(out: Path, *, seed: int, tier: str) -> Path:
         if "--readme-only" not in argv:
@@ -188,7 +183,6 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{name}: probe {result}", flush=True)
         return write_readme(out, seed=seed, tier=tier)
 
-    del seed
     return report_main(argv, doc=__doc__, default_out="reports/llama-cpp", configs=configs, write_readme=readme)
 
 
