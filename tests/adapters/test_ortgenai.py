@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from specverify.adapters.ortgenai import decoder as adapter
+from specverify.adapters.ortgenai import engine_drafts as engine_api
 from specverify.adapters.ortgenai import law as sampling
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.loading import parse_options
@@ -165,6 +166,15 @@ def test_report_configurations_are_well_formed():
         sampling.sampling_options(**target)
 
 
+def test_engine_probe_formatting():
+    text = engine_api.format_probe([("static `Engine`", "ok: 0"), ("drafts", "RuntimeError: no `drafts` here")])
+    assert text.splitlines() == ["- static `Engine`: `ok: 0`", "- drafts: `RuntimeError: no 'drafts' here`"]
+    with pytest.raises(InvalidArgument, match="non-empty strings"):
+        engine_api.format_probe([("step", "")])
+    with pytest.raises(InvalidArgument, match="no probe steps"):
+        engine_api.format_probe([])
+
+
 @pytest.mark.skipif(HAVE_ENGINE, reason="onnxruntime-genai is installed")
 def test_missing_engine_names_the_install_line():
     with pytest.raises(ImportError, match="pip install onnxruntime-genai=="):
@@ -205,3 +215,11 @@ def test_exact_target_and_engine_logits_agree(exported):
     engine = adapter.engine_logits(exported / "target", seqs)  # (B, S, V)
     assert (engine - target.logits(seqs)).abs().max() < 1e-4
     assert adapter.max_conditional_difference(seed=0, num_sequences=2, length=6) < 1e-5
+
+
+@pytest.mark.slow
+def test_engine_draft_probe_records_every_step(exported):
+    steps = engine_api.probe_draft_verification(seed=0)
+    assert len(steps) == 8 and all(step and outcome for step, outcome in steps)
+    assert steps[0][1].startswith("ok: ")  # max_draft_tokens_per_proposal() answers
+    engine_api.format_probe(steps)

@@ -9,8 +9,9 @@ configuration of :data:`CONFIGS` runs as ``specverify audit --decoder
 specverify.adapters.ortgenai:tiny_decoder --target specverify.adapters.ortgenai:tiny_target ...`` in
 its own process (:func:`tools.reports.common.run_config`), so its report records the command that
 reproduces it; then ``README.md`` is written from the ``report.json`` files and :data:`TEMPLATE`,
-which states the engine's rule as read in its source.  About 6 minutes on one busy CPU core
-(the first run also exports the tiny models, about 30 s).  Exit status 0 whatever the verdicts.
+which states the engine's rule as read in its source, and the ``Engine`` API's draft path as far
+as :func:`specverify.adapters.ortgenai.engine_drafts.probe_draft_verification` can drive it.
+About 6 minutes on one busy CPU core (the first run also exports the tiny models, about 30 s).  Exit status 0 whatever the verdicts.
 """
 
 from __future__ import annotations
@@ -84,11 +85,13 @@ def _versions() -> dict:
 def write_readme(out: Path, *, seed: int, tier: str) -> Path:
     """Write ``out/README.md`` from the configurations' ``report.json`` files."""
     from specverify.adapters.ortgenai import INSTALL, max_conditional_difference
+    from specverify.adapters.ortgenai.engine_drafts import format_probe, probe_draft_verification
 
     configs = [(name, what, None) for name, what, _ in CONFIGS]
     fields = readme_fields(out, configs, module="tools.reports.ortgenai_reports", seed=seed, tier=tier)
     max_diff = f"{max_conditional_difference(seed=0):.2g} (8 random sequences of 12 tokens)"
-    text = TEMPLATE.format(**fields, **_versions(), install=INSTALL, max_diff=max_diff)
+    engine_probe = format_probe(probe_draft_verification(seed=0))
+    text = TEMPLATE.format(**fields, **_versions(), install=INSTALL, max_diff=max_diff, engine_probe=engine_probe)
     return atomic_write_text(out / "README.md", text)
 
 

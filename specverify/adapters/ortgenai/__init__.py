@@ -3,7 +3,8 @@
 ``decoder`` wraps ``onnxruntime_genai.Generator`` on a composite target + draft configuration
 behind the decoder protocol, on the tiny seeded Llamas exported offline by the engine's model
 builder, and gives the exact target law from the same weights; ``law`` is the engine's
-sampling law in float64 and its configuration files (engine-free).  Checked against
+sampling law in float64 and its configuration files (engine-free); ``engine_drafts`` probes the
+``Engine`` API's caller-supplied draft path (``Request.set_draft_tokens``).  Checked against
 onnxruntime-genai 0.18.0 (its own virtualenv: see the README); the reports are in
 ``reports/onnxruntime-genai``.  onnxruntime_genai is imported inside functions.
 """
