@@ -37,7 +37,10 @@ __all__ = [
     "evidence",
     "detectable",
     "readme_rows",
+    "engine_versions",
+    "package_version",
     "readme_fields",
+    "repro_lines",
     "report_main",
 ]
 
@@ -49,6 +52,37 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 def read_template(name: str) -> str:
     """The text of ``templates/<name>``."""
     return (TEMPLATES / name).read_text()
+
+
+def package_version(name: str) -> str:
+    """The installed version of distribution ``name``, or ``"absent"``."""
+    import importlib.metadata as md
+
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return "absent"
+
+
+def engine_versions(**packages: str) -> dict:
+    """``{field: package_version(distribution)}`` for each ``field=distribution``, plus torch and python."""
+    import torch
+
+    return {
+        **{field: package_version(name) for field, name in packages.items()},
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+    }
+
+
+def repro_lines(out: Path) -> list[str]:
+    """One Markdown bullet per ``out/repro_*.py``: its link and the first line of its docstring."""
+    lines = []
+    for script in sorted(out.glob("repro_*.py")):
+        text = script.read_text()
+        first = text.split('"""')[1].strip().splitlines()[0] if '"""' in text else ""
+        lines.append(f"- [`{script.name}`]({script.name}): {first}")
+    return lines
 
 
 def decoder_target_args(module: str, **options) -> list[str]:

@@ -74,6 +74,7 @@ from tools.reports.hf_generators import (
     render_generators,
 )
 from tools.reports.hf_readme import render_readme, summarise
+from tools.reports.common import package_version
 from specverify.core.errors import InvalidArgument
 from specverify.core.files import atomic_write_text
 
@@ -160,17 +161,6 @@ def audit_jobs(*, seed: int = 0, tier: str = "smoke", alpha: float = 1e-3, quick
         extra = {**dataclasses.asdict(gconfig), "model_seed": MODEL_SEED}
         jobs.append(Job(gconfig.name, argv, gconfig.options(), gconfig.expect, "", extra))
     return jobs, sizes
-
-
-def _sklearn() -> str:
-    """scikit-learn's version, or "absent": with it, the confidence-threshold schedule re-fits its threshold
-    every round (``AssistedCandidateGenerator.update_candidate_strategy``); without it the threshold stays fixed."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("scikit-learn")
-    except PackageNotFoundError:
-        return "absent"
 
 
 def _size_text(job: Job, report, max_new_tokens: int) -> str:
@@ -281,7 +271,7 @@ def generate_hf_reports(
             audit["probe"] = probe(generator_configs[job.name], samples=20 if quick else PROBE_SAMPLES)
         report = dataclasses.replace(
             report,
-            environment={**report.environment, "transformers": TRANSFORMERS_VERSION, "scikit-learn": _sklearn()},
+            environment={**report.environment, "transformers": TRANSFORMERS_VERSION, "scikit-learn": package_version("scikit-learn")},
             extra={**report.extra, "hf_audit": audit},
         )
         write_report(report, out_dir / job.name, plots=plots)

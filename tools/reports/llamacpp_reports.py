@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from specverify.core.files import atomic_write_text
-from tools.reports.common import readme_fields, report_main, read_template
+from tools.reports.common import engine_versions, readme_fields, report_main, read_template, repro_lines
 
 __all__ = ["CONFIGS", "PROBE_PROMPT", "PROBE_SAMPLES", "config_args", "probe", "write_readme", "main"]
 
@@ -123,36 +123,11 @@ def _probe_text(out: Path) -> str:
     return "\n".join(lines)
 
 
-def _versions() -> dict:
-    import importlib.metadata as md
-
-    import torch
-
-    def version(name: str) -> str:
-        try:
-            return md.version(name)
-        except md.PackageNotFoundError:
-            return "absent"
-
-    return dict(
-        llama_cpp=version("llama-cpp-python"),
-        gguf=version("gguf"),
-        transformers=version("transformers"),
-        torch=torch.__version__,
-        python=sys.version.split()[0],
-    )
-
-
 def _repro_text(out: Path) -> str:
-    scripts = sorted(out.glob("repro_*.py"))
-    if not scripts:
+    lines = repro_lines(out)
+    if not lines:
         return "No configuration failed, so there is no repro script."
-    lines = ["Each needs only the engine (no specverify); exit status 1 while the bug shows.", ""]
-    for script in scripts:
-        text = script.read_text()
-        first = text.split('"""')[1].strip().splitlines()[0] if '"""' in text else ""
-        lines.append(f"- [`{script.name}`]({script.name}): {first}")
-    return "\n".join(lines)
+    return "\n".join(["Each needs only the engine (no specverify); exit status 1 while the bug shows.", "", *lines])
 
 
 def write_readme(out: Path, *, seed: int, tier: str) -> Path:
@@ -164,7 +139,7 @@ def write_readme(out: Path, *, seed: int, tier: str) -> Path:
     max_diff = f"{max_conditional_difference(seed=0):.2g} (8 random sequences of 12 tokens)"
     text = TEMPLATE.format(
         **fields,
-        **_versions(),
+        **engine_versions(llama_cpp="llama-cpp-python", gguf="gguf", transformers="transformers"),
         install=INSTALL,
         install_record=INSTALL_RECORD,
         max_diff=max_diff,

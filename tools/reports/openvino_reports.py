@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tools.reports.common import decoder_target_args, readme_fields, report_main, read_template
+from tools.reports.common import decoder_target_args, engine_versions, readme_fields, report_main, read_template, repro_lines
 from specverify.core.files import atomic_write_text
 
 __all__ = ["CONFIGS", "TEMPLATE", "UPSTREAM", "INSTALL_RECORD", "write_readme", "main"]
@@ -84,42 +84,18 @@ UPSTREAM = read_template("openvino_upstream.md")
 NONDETERMINISTIC = frozenset(name for name, _, _ in CONFIGS if name.startswith("draft_"))
 
 
-def _versions() -> dict:
-    import importlib.metadata as md
-
-    import torch
-
-    def version(name: str) -> str:
-        try:
-            return md.version(name)
-        except md.PackageNotFoundError:
-            return "absent"
-
-    return dict(
-        genai=version("openvino-genai"),
-        openvino=version("openvino"),
-        optimum=version("optimum-intel"),
-        transformers=version("transformers"),
-        torch=torch.__version__,
-        python=sys.version.split()[0],
-    )
-
-
 def _repro_text(out: Path) -> str:
-    scripts = sorted(out.glob("repro_*.py"))
-    if not scripts:
+    lines = repro_lines(out)
+    if not lines:
         return ""
-    lines = [
+    head = [
         "## Repro scripts",
         "",
         "Each needs only the engine (no specverify): `python <script>` in a virtualenv made with the pip line",
         "of its docstring, which also gives the expected output; exit status 1 when the bug shows.",
         "",
     ]
-    for script in scripts:
-        first = script.read_text().split('"""')[1].strip().splitlines()[0] if '"""' in script.read_text() else ""
-        lines.append(f"- [`{script.name}`]({script.name}): {first}")
-    return "\n".join(lines)
+    return "\n".join(head + lines)
 
 
 def write_readme(out: Path, *, seed: int, tier: str) -> Path:
@@ -131,7 +107,7 @@ def write_readme(out: Path, *, seed: int, tier: str) -> Path:
     max_diff = f"{max_conditional_difference(seed=0):.2g} (8 random sequences of 12 tokens)"
     text = TEMPLATE.format(
         **fields,
-        **_versions(),
+        **engine_versions(genai="openvino-genai", openvino="openvino", optimum="optimum-intel", transformers="transformers"),
         install=INSTALL,
         install_record=INSTALL_RECORD,
         max_diff=max_diff,

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from specverify.core.files import atomic_write_text
-from tools.reports.common import decoder_target_args, read_template, readme_fields, report_main
+from tools.reports.common import decoder_target_args, engine_versions, read_template, readme_fields, report_main
 
 __all__ = ["CONFIGS", "TEMPLATE", "write_readme", "main"]
 
@@ -62,26 +62,6 @@ CONFIGS: tuple[tuple[str, str, list[str]], ...] = (
 TEMPLATE = read_template("ortgenai.md")
 
 
-def _versions() -> dict:
-    import importlib.metadata as md
-
-    import torch
-
-    def version(name: str) -> str:
-        try:
-            return md.version(name)
-        except md.PackageNotFoundError:
-            return "absent"
-
-    return dict(
-        genai=version("onnxruntime-genai"),
-        ort=version("onnxruntime"),
-        transformers=version("transformers"),
-        torch=torch.__version__,
-        python=sys.version.split()[0],
-    )
-
-
 def write_readme(out: Path, *, seed: int, tier: str) -> Path:
     """Write ``out/README.md`` from the configurations' ``report.json`` files."""
     from specverify.adapters.ortgenai import INSTALL, max_conditional_difference
@@ -91,7 +71,7 @@ def write_readme(out: Path, *, seed: int, tier: str) -> Path:
     fields = readme_fields(out, configs, module="tools.reports.ortgenai_reports", seed=seed, tier=tier)
     max_diff = f"{max_conditional_difference(seed=0):.2g} (8 random sequences of 12 tokens)"
     engine_probe = format_probe(probe_draft_verification(seed=0))
-    text = TEMPLATE.format(**fields, **_versions(), install=INSTALL, max_diff=max_diff, engine_probe=engine_probe)
+    text = TEMPLATE.format(**fields, **engine_versions(genai="onnxruntime-genai", ort="onnxruntime", transformers="transformers"), install=INSTALL, max_diff=max_diff, engine_probe=engine_probe)
     return atomic_write_text(out / "README.md", text)
 
 
