@@ -48,8 +48,7 @@ def _planted():
     return fake_mutant, fake_variant
 
 
-@pytest.fixture(scope="module")
-def small_result():
+def _small_selftest(workers: int = 1):
     fake_mutant, fake_variant = _planted()
     return selftest.run_selftest(
         "smoke",
@@ -63,7 +62,13 @@ def small_result():
         lr=True,
         lr_rows=2048,
         calibration_options=dict(seeds=2, rows=256, scenarios=[SCENARIO]),
+        workers=workers,
     )
+
+
+@pytest.fixture(scope="module")
+def small_result():
+    return _small_selftest()
 
 
 def _row(result, name):
@@ -82,21 +87,7 @@ def _without_times(value):
 
 def test_worker_processes_give_the_same_rows(small_result):
     """Two spawned workers run the same parts (entries, calibration) and return the same rows in the same order."""
-    fake_mutant, fake_variant = _planted()
-    parallel = selftest.run_selftest(
-        "smoke",
-        0,
-        verifiers=[mutants.by_name("always_accept"), mutants.by_name("residual_is_p"), fake_mutant],
-        equivalents=[mutants.by_name("accept_le"), fake_variant],
-        scenarios=[SCENARIO],
-        decoders=False,
-        drafters=False,
-        trees=False,
-        lr=True,
-        lr_rows=2048,
-        calibration_options=dict(seeds=2, rows=256, scenarios=[SCENARIO]),
-        workers=2,
-    )
+    parallel = _small_selftest(workers=2)
     assert _without_times(parallel.rows) == _without_times(small_result.rows)
     assert _without_times(parallel.calibration) == _without_times(small_result.calibration)
 
