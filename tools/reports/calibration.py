@@ -11,8 +11,11 @@ families, so a change of the grading alone (the budget, not the tests) is re-gra
     python -m tools.reports.calibration run --battery chain --seeds 0:1000 --workers 2
     python -m tools.reports.calibration render --out reports/calibration
 
-``run`` appends to ``build/calibration/<battery>.jsonl`` and skips seeds already there, so it
-resumes and can be split across machines (``--seeds 0:500`` and ``--seeds 500:1000``).
+``run`` appends to ``build/calibration/<battery>.jsonl`` and skips seeds already there or already
+committed under ``reports/calibration/``, so it resumes (also on a fresh clone, whose ``build/`` is
+empty) and can be split across machines (``--seeds 0:500`` and ``--seeds 500:1000``).  ``render``
+takes a seed's raw record from the store when it is there (graded again by the current budget) and
+its committed, graded record otherwise.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 STORE = Path("build/calibration")
+COMMITTED = Path("reports/calibration")
 BATTERIES = ("chain", "tree", "decoder")
 ALPHA = 1e-3
 COMMANDS = {
@@ -85,15 +89,27 @@ def _one(battery: str, seed: int) -> dict:
     }
 
 
-def _done(path: Path) -> set[int]:
+def _records(path: Path) -> list[dict]:
     if not path.exists():
-        return set()
-    return {json.loads(line)["seed"] for line in path.read_text().splitlines() if line.strip()}
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _done(battery: str) -> set[int]:
+    """Seeds with a raw record in the store or a graded one committed."""
+    return {r["seed"] for r in _records(STORE / f"{battery}.jsonl") + _records(COMMITTED / f"{battery}.jsonl")}
+
+
+def load(battery: str) -> list[dict]:
+    """Every seed's record, by seed: the store's raw record where there is one, else the committed graded one."""
+    by_seed = {r["seed"]: r for r in _records(COMMITTED / f"{battery}.jsonl")}
+    by_seed.update({r["seed"]: r for r in _records(STORE / f"{battery}.jsonl")})
+    return [by_seed[s] for s in sorted(by_seed)]
 
 
 def run(batteries, seeds: range, workers: int) -> None:
     STORE.mkdir(parents=True, exist_ok=True)
-    done = {battery: _done(STORE / f"{battery}.jsonl") for battery in batteries}  # read each store once
+    done = {battery: _done(battery) for battery in batteries}  # read each store once
     todo = []
     for seed in seeds:  # interleaved, so every battery advances together
         for battery in batteries:
@@ -120,8 +136,11 @@ def regrade(record: dict) -> dict:
 
     ``verdict`` the law verdict, ``min_law_adjusted`` the smallest adjusted p-value of a law
     test, ``conformance`` FAIL / SUSPICIOUS / PASS of the rule-conformance tests, ``law_families``
-    the families of the law tests that were not PASS.
+    the families of the law tests that were not PASS.  A committed record (no p-values, graded when
+    it was run) is returned as it was graded.
     """
+    if "pvalues" not in record:
+        return {k: record[k] for k in ("verdict", "min_law_adjusted", "conformance", "law_families")}
     from specverify import stats
     from specverify.core.conformance import is_conformance
     from specverify.core.results import TestResult
@@ -157,7 +176,7 @@ def summarise(records: list[dict]) -> dict:
     return {
         "runs": n,
         "seeds": [min(r["seed"] for r in records), max(r["seed"] for r in records)],
-        "tests_per_run": sum(len(r["pvalues"]) for r in records) / n,
+        "tests_per_run": sum(sum(r["grades"].values()) for r in records) / n,
         "fail": fail,
         "fail_rate": fail / n,
         "fail_interval": _interval(fail, n),
@@ -180,9 +199,8 @@ def render(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     summary = {}
     for battery in BATTERIES:
-        path = STORE / f"{battery}.jsonl"
-        if path.exists():
-            records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        records = load(battery)
+        if records:
             summary[battery] = summarise(records)
             (out / f"{battery}.jsonl").write_text(
                 "".join(
