@@ -36,3 +36,23 @@ def test_a_sweep_reads_back_as_it_was_written(path):
     sweep = SweepResult.from_dict(data)
     assert sweep.to_dict() == data
     assert all(isinstance(p.value, (int, float, str, tuple, type(None))) for p in sweep.points)
+
+
+def test_compare_reads_a_report_against_itself_and_sees_a_moved_number_and_verdict(tmp_path):
+    """``tools.reports.compare``: what a fresh regeneration is checked with (verdict, tests, numbers)."""
+    from tools.reports import compare
+
+    source = next(iter(sorted((ROOT / "reports" / "llama-cpp").glob("*/report.json"))))
+    old = json.loads(source.read_text())
+    same = compare.compare_report(old, old)
+    assert same == {"verdicts": (old["verdict"],) * 2, "same_tests": True, "max_rel": 0.0, "where": ""}
+    moved = json.loads(source.read_text())
+    moved["results"][0]["statistic"] = float(moved["results"][0]["statistic"]) * (1 + 2e-3) + 1e-9
+    moved["verdict"] = "fail"
+    c = compare.compare_report(old, moved)
+    assert c["verdicts"] == (old["verdict"], "fail") and c["max_rel"] > 1e-3 and "statistic" in c["where"]
+    for directory, data in (("a", old), ("b", moved)):
+        (tmp_path / directory / "x").mkdir(parents=True)
+        (tmp_path / directory / "x" / "report.json").write_text(json.dumps(data))
+    assert compare.main([str(tmp_path / "a"), str(tmp_path / "a")]) == 0
+    assert compare.main([str(tmp_path / "a"), str(tmp_path / "b")]) == 1
