@@ -1,6 +1,7 @@
 """mistral.rs (PyPI ``mistralrs``) as a decoder, with the exact law of its sampler.
 
-``decoder`` wraps ``mistralrs.Runner`` completions on the tiny seeded Llama written as a
+``decoder`` wraps ``mistralrs.Runner`` completions (float32 weights and, through
+``MISTRALRS_CPU_KV_F32=1``, a float32 KV cache) on the tiny seeded Llama written as a
 mistral.rs directory offline (:mod:`~specverify.adapters.mistralrs.model`), and gives the exact
 law from the same weights with mistral.rs's CPU sampler re-implemented in float64
 (:mod:`~specverify.adapters.mistralrs.sampler_chain`: penalties, temperature, top-k, top-p, min-p).
@@ -13,6 +14,7 @@ Checked against mistralrs 0.9.5 (its own virtualenv: see the README); the report
 from specverify.adapters.mistralrs.decoder import (
     ASSISTANTS,
     INSTALL,
+    KV_F32_ENV,
     MistralRsDecoder,
     MistralRsTarget,
     engine_raw_law,
@@ -30,6 +32,7 @@ __all__ = [
     "ASSISTANTS",
     "DEFAULTS",
     "INSTALL",
+    "KV_F32_ENV",
     "PIECES",
     "VOCAB_SIZE",
     "MistralRsDecoder",

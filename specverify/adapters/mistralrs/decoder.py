@@ -5,7 +5,7 @@ The decoder protocol of ``docs/design.md``::
     generate(prompt (T,) long, *, num_samples, max_new_tokens, seed) -> (num_samples, max_new_tokens) long
 
 :class:`MistralRsDecoder` builds a ``mistralrs.Runner`` on the tiny target (``Which.Plain``,
-``ModelDType.F32``, ``max_seqs=1``) and sends one ``CompletionRequest`` per sample (the prompt's
+``ModelDType.F32``, ``max_seqs=1``, the KV cache in float32: below) and sends one ``CompletionRequest`` per sample (the prompt's
 text, ``max_tokens=max_new_tokens``, ``ignore_eos=True``, the sampling options), one after
 another; each completion's text maps back to ids character by character
 (:mod:`~specverify.adapters.mistralrs.model`).
@@ -22,6 +22,18 @@ Rows within a call are consecutive stretches of one stream, hence independent.  
 ``n_choices > 1`` are batched by the scheduler in an order that is not reproducible (two fresh
 Runners gave different rows), so they are not used.
 
+**The KV cache.**  Even for an ``F32`` model, mistral.rs 0.9.5 stores the KV cache in float16 on
+CPUs with fast fp16 kernels (x86-64 with AVX-512F or AVX2 + FMA + F16C; aarch64 with fp16 + fhm)
+unless ``MISTRALRS_CPU_KV_F32`` is set to anything but ``"0"`` (``cpu_kv_f16``,
+``mistralrs-core/src/kv_cache/mod.rs``; the engine logs "Using f16 KV cache on CPU").  Keys and
+values rounded to float16 move the tiny model's log-probabilities by up to about 1e-3 at every
+position (the first included: a one-token prompt's attention output is its value vector), so the
+engine's law is then not the float32 forward of its weights.  Every Runner here is built with
+``MISTRALRS_CPU_KV_F32=1`` (:data:`KV_F32_ENV`), which the engine reads once per process (a
+``OnceLock``): :func:`_runner` sets it before the process's first Runner and refuses a later one
+that asks for the other setting.  With it the engine's raw conditionals match transformers'
+float32 forward to float32 rounding (:func:`max_conditional_difference`).
+
 **Speculation.**  The only speculative decoding mistral.rs 0.9.5 offers from Python is an MTP
 assistant (``Runner(mtp_model=..., mtp_n_predict=...)``: Gemma 4 assistants, Qwen3.5 / Qwen3.8
 built-in heads, DFlash drafters; the target/draft-model path was removed).  It needs
@@ -32,12 +44,14 @@ with its message; see :func:`runner_probe`).
 :class:`MistralRsTarget` gives the exact law: the same weights in transformers float32, each
 position's logits processed by :func:`~specverify.adapters.mistralrs.sampler_chain.processed_probs`
 in float64.  :func:`max_conditional_difference` compares mistral.rs's own law (its top
-log-probabilities over the whole vocabulary) with transformers'.  mistralrs is imported inside
+log-probabilities over the whole vocabulary) with transformers', with the KV cache in float32 (the
+audited setting) or float16 (the engine's CPU default).  mistralrs is imported inside
 functions only.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +67,7 @@ from specverify.core.validation import check_int, check_shape, check_tokens
 __all__ = [
     "INSTALL",
     "ASSISTANTS",
+    "KV_F32_ENV",
     "MistralRsDecoder",
     "MistralRsTarget",
     "tokens_from_texts",
@@ -72,6 +87,22 @@ INSTALL = (
 ASSISTANTS = (None, "draft")
 MAX_CONTEXT = 256  # the tiny Llama's max_position_embeddings
 RAW_TEMPLATE = "{{ messages[0]['content'] }}"
+#: The engine's switch from its float16 CPU KV cache to float32 (module docstring), read once per process.
+KV_F32_ENV = "MISTRALRS_CPU_KV_F32"
+_KV_IN_FORCE: list[str] = []  # the value set for this process's first Runner
+
+
+def _set_kv_cache(kv_f32: bool) -> None:
+    """Set :data:`KV_F32_ENV` for the next Runner; ImplementationError if this process already used the other one."""
+    want = "1" if kv_f32 else "0"
+    if _KV_IN_FORCE and _KV_IN_FORCE[0] != want:
+        raise ImplementationError(
+            f"{KV_F32_ENV}={_KV_IN_FORCE[0]} is already in force in this process (mistral.rs reads it once); "
+            f"a Runner with {KV_F32_ENV}={want} needs a fresh process"
+        )
+    os.environ[KV_F32_ENV] = want
+    if not _KV_IN_FORCE:
+        _KV_IN_FORCE.append(want)
 
 
 def _import_mistralrs():
@@ -113,9 +144,14 @@ def tokens_from_texts(texts, *, num_samples: int, max_new_tokens: int) -> torch.
     return torch.tensor(rows, dtype=torch.long).reshape(num_samples, max_new_tokens)  # (N, L)
 
 
-def _runner(model_dir, *, mtp_model=None, mtp_n_predict=None, **kwargs):
-    """A fresh ``mistralrs.Runner`` on a local directory (float32, one sequence at a time)."""
+def _runner(model_dir, *, mtp_model=None, mtp_n_predict=None, kv_f32=True, **kwargs):
+    """A fresh ``mistralrs.Runner`` on a local directory (float32 weights, one sequence at a time).
+
+    ``kv_f32``: the KV cache in float32 (True, the audited setting) or the engine's CPU default
+    (False: float16 where the CPU has fast fp16 kernels); see the module docstring.
+    """
     mistralrs = _import_mistralrs()
+    _set_kv_cache(kv_f32)
     which = mistralrs.Which.Plain(model_id=str(model_dir), dtype=mistralrs.ModelDType.F32)
     spec = {} if mtp_model is None else dict(mtp_model=str(mtp_model), mtp_n_predict=mtp_n_predict)
     try:
@@ -219,7 +255,8 @@ class MistralRsTarget:
     """Exact processed conditionals of mistral.rs's sampler on the tiny target's weights.
 
     Raw logits: transformers float32 on the Hugging Face directory the mistral.rs directory was
-    copied from; each position processed by
+    copied from (the engine's own with its KV cache in float32, as :class:`MistralRsDecoder` runs
+    it, to float32 rounding: :func:`max_conditional_difference`); each position processed by
     :func:`~specverify.adapters.mistralrs.sampler_chain.processed_probs` with the context before
     it (``conditionals(sequences, start)`` takes ``sequences[:, :start]`` as the prompt).
 
@@ -281,25 +318,29 @@ def tiny_target(*, seed=0, **options):
     return MistralRsTarget(hf_dir, **options)
 
 
-def _chat_runner(model_dir):
+def _chat_runner(model_dir, *, kv_f32=True):
     """A Runner that takes a chat message as the raw prompt (a one-line template), for log-probabilities."""
     template = Path(model_dir).parent / "raw_prompt.jinja"
     if not template.exists():
         template.write_text(RAW_TEMPLATE)
-    return _runner(model_dir, jinja_explicit=str(template))
+    return _runner(model_dir, jinja_explicit=str(template), kv_f32=kv_f32)
 
 
-def max_conditional_difference(*, seed: int = 0, num_sequences: int = 8, length: int = 12) -> float:
+def max_conditional_difference(
+    *, seed: int = 0, num_sequences: int = 8, length: int = 12, kv_f32: bool = True
+) -> float:
     """Largest |p_mistral.rs - p_transformers| over the raw next-token laws of random sequences (tiny target).
 
     mistral.rs's law after each prefix of each sequence is read from a one-token chat completion at
-    temperature 1 with ``logprobs=True, top_logprobs=V`` (its reporting law: the softmax of the
-    float32 logits); transformers' from the float32 logits of the same weights.  Sequences are
-    drawn from a ``torch.Generator`` seeded with ``seed``.
+    temperature 1 with ``logprobs=True, top_logprobs=V`` (its reporting law: the softmax of its
+    logits at the request's temperature, before top-k / top-p / min-p); transformers' from the
+    float32 logits of the same weights.  Sequences are drawn from a ``torch.Generator`` seeded with
+    ``seed``.  ``kv_f32``: the engine's KV cache in float32 (the audited setting) or its CPU default
+    (float16); the process keeps the first setting it used (module docstring).
     """
     mistralrs = _import_mistralrs()
     target_dir, _, hf_dir = save_tiny_mistralrs(seed=seed)
-    runner = _chat_runner(target_dir)
+    runner = _chat_runner(target_dir, kv_f32=kv_f32)
     target = MistralRsTarget(hf_dir)
 
     def laws(sequences: torch.Tensor) -> torch.Tensor:
@@ -325,11 +366,11 @@ def max_conditional_difference(*, seed: int = 0, num_sequences: int = 8, length:
     )
 
 
-def engine_raw_law(prefix, *, seed: int = 0) -> torch.Tensor:
+def engine_raw_law(prefix, *, seed: int = 0, kv_f32: bool = True) -> torch.Tensor:
     """mistral.rs's own raw law (T = 1, no truncation) of the token after ``prefix`` on the tiny target: (V,) float64.
 
     Read from a one-token chat completion with ``logprobs=True, top_logprobs=V`` (the softmax of the
-    engine's float32 logits).
+    engine's float32 logits); ``kv_f32`` as in :func:`max_conditional_difference`.
     """
     mistralrs = _import_mistralrs()
     target_dir, _, _ = save_tiny_mistralrs(seed=seed)
@@ -342,7 +383,8 @@ def engine_raw_law(prefix, *, seed: int = 0) -> torch.Tensor:
         top_logprobs=VOCAB_SIZE,
         ignore_eos=True,
     )
-    top = _chat_runner(target_dir).send_chat_completion_request(request).choices[0].logprobs.content[0].top_logprobs
+    response = _chat_runner(target_dir, kv_f32=kv_f32).send_chat_completion_request(request)
+    top = response.choices[0].logprobs.content[0].top_logprobs
     law = torch.zeros(VOCAB_SIZE, dtype=torch.float64)  # (V,)
     for entry in top:
         law[int(entry.token)] = torch.tensor(entry.logprob, dtype=torch.float64).exp()
