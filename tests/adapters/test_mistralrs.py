@@ -16,8 +16,9 @@ import json
 import pytest
 import torch
 
+from specverify.adapters.mistralrs import decoder as decoder_module
 from specverify.adapters.mistralrs import model, sampler_chain
-from specverify.adapters.mistralrs.decoder import MistralRsDecoder, tokens_from_texts
+from specverify.adapters.mistralrs.decoder import KV_F32_ENV, MistralRsDecoder, tokens_from_texts
 from specverify.core.errors import ImplementationError, InvalidArgument
 
 HAVE_MISTRALRS = importlib.util.find_spec("mistralrs") is not None
@@ -71,6 +72,17 @@ def test_decoder_options_are_checked_before_the_engine():
         MistralRsDecoder("unused", mtp_n_predict=0)
     with pytest.raises(InvalidArgument, match="top_p"):
         MistralRsDecoder("unused", top_p=2.0)
+
+
+def test_kv_cache_switch_is_set_once_per_process(monkeypatch):
+    monkeypatch.setattr(decoder_module, "_KV_IN_FORCE", [])
+    monkeypatch.delenv(KV_F32_ENV, raising=False)
+    decoder_module._set_kv_cache(True)
+    assert decoder_module.os.environ[KV_F32_ENV] == "1"
+    decoder_module._set_kv_cache(True)  # the same setting again is fine
+    with pytest.raises(ImplementationError, match="once"):
+        decoder_module._set_kv_cache(False)
+    assert decoder_module.os.environ[KV_F32_ENV] == "1"
 
 
 def _penalise_one(logit: float, generated: int, seen: bool, o) -> float:
@@ -167,12 +179,28 @@ def test_report_configurations_and_readme_render(tmp_path):
         seed="cannot seed",
         seed_later=None,
         fresh_runners_agree=True,
-        max_conditional_difference=4.2e-4,
+        max_conditional_difference=5.2e-7,
+        max_conditional_difference_kv_f16=4.2e-4,
         speculative={name: refusal for name, *_ in gen.SPECULATIVE},
+        minp_boundary=dict(
+            prefix=list(gen.MINP_PREFIX),
+            token=gen.MINP_TOKEN,
+            engine_ratio=0.0998937,
+            engine_ratio_kv_f16=0.1000139,
+            transformers_ratio=0.0998937,
+        ),
+        later_rows=dict(
+            prompt=list(gen.FOLLOWUP_PROMPT),
+            audit=dict(n=4000, statistic=35.8, p=0.00064, mde_tv=0.049),
+            blocks=[dict(n=4000, statistic=9.5, p=0.74, mde_tv=0.049)] * 3,
+            pooled=dict(n=12000, statistic=27.0, p=0.105, mde_tv=0.03),
+        ),
     )
     (tmp_path / "probe.json").write_text(json.dumps(facts))
     text = gen.write_readme(tmp_path, seed=0, tier="smoke").read_text()
-    assert "MTP needs PagedAttention" in text and "NOT RUNNABLE" in text and "0.00042" in text
+    assert "MTP needs PagedAttention" in text and "NOT RUNNABLE" in text
+    assert "0.00042" in text and "5.2e-07" in text and "0.1000139" in text and "MISTRALRS_CPU_KV_F32=1" in text
+    assert "12000 pooled p = 0.1" in text and "(not probed)" not in text
     assert "no repro script" in text
     assert "{" not in text.split("## Results")[0].replace("{{", "")
 
@@ -198,3 +226,12 @@ def test_engine_control_is_reproducible_per_call_and_speculation_is_refused():
     assert greedy[:, 0].tolist() == [int(law.argmax())] * 2
     with pytest.raises(ImplementationError, match="PagedAttention"):
         tiny_decoder(assistant="draft", temperature=1.0).generate(prompt, num_samples=1, max_new_tokens=1, seed=0)
+
+
+@pytest.mark.slow
+def test_engine_raw_law_is_the_float32_forward_with_the_float32_kv_cache():
+    pytest.importorskip("mistralrs")
+    from specverify.adapters.mistralrs import max_conditional_difference
+
+    # the default float16 KV cache moves probabilities by ~4e-4 (reports/mistralrs/probe.json)
+    assert max_conditional_difference(num_sequences=2, length=4) < 1e-5

@@ -10,7 +10,9 @@ Needs mistralrs (:data:`specverify.adapters.mistralrs.INSTALL`).  Each configura
 :func:`tools.reports.common.run_config`), at the battery's sizes.  Every configuration is plain
 decoding (no draft): mistral.rs 0.9.5's speculative path needs PagedAttention, which its CPU build
 lacks.  :func:`probe` records that refusal, the seeding facts and the engine's law against
-transformers' (``probe.json``); ``README.md`` is written from the ``report.json`` files,
+transformers' with the KV cache in float32 (the audited setting, ``MISTRALRS_CPU_KV_F32=1``) and in
+the engine's CPU default float16 (measured in a child process: the engine reads the switch once per
+process) (``probe.json``); ``README.md`` is written from the ``report.json`` files,
 ``probe.json`` and the template ``templates/mistralrs.md``, which states the engine's rule as read
 in its source.  The audits run with ``RAYON_NUM_THREADS=1`` (the engine's thread pool).
 """
@@ -19,13 +21,25 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 from specverify.core.files import atomic_write_text
 from tools.reports.common import engine_versions, read_template, readme_fields, report_main, repro_lines
 
-__all__ = ["CONFIGS", "SPECULATIVE", "MINP_PREFIX", "config_args", "probe", "minp_boundary", "write_readme", "main"]
+__all__ = [
+    "CONFIGS",
+    "SPECULATIVE",
+    "MINP_PREFIX",
+    "FOLLOWUP_PROMPT",
+    "config_args",
+    "probe",
+    "minp_boundary",
+    "later_rows",
+    "write_readme",
+    "main",
+]
 
 MOD = "specverify.adapters.mistralrs"
 
@@ -79,6 +93,9 @@ def probe(*, seed: int = 0) -> dict:
     facts = runner_probe(seed=seed)
     facts["version"] = engine_version()
     facts["max_conditional_difference"] = max_conditional_difference(seed=seed)
+    facts["max_conditional_difference_kv_f16"] = _kv_f16(
+        f"max_conditional_difference(seed={seed}, kv_f32=False)", "max_conditional_difference"
+    )
     refused: dict[str, str | None] = {}
     for name, _, decoder, sampler in SPECULATIVE:
         try:
@@ -88,29 +105,96 @@ def probe(*, seed: int = 0) -> dict:
             refused[name] = f"{type(error).__name__}: {error}"
     facts["speculative"] = refused
     facts["minp_boundary"] = minp_boundary(seed=seed)
+    facts["later_rows"] = later_rows(seed=seed)
     return facts
 
 
-#: The prefix (prompt0 of seed 0, then row 1294's first four tokens) at which ``control_t1.0_minp0.1``
-#: emitted token 24, a token the transformers-based law drops (ratio to the top token just under min_p 0.1).
+#: The prefix (prompt0 of seed 0, then row 1294's first four tokens) at which ``control_t1.0_minp0.1``, run
+#: with the engine's default float16 KV cache, emitted token 24, a token the float32 law drops (ratio to
+#: the top token just under min_p 0.1).
 MINP_PREFIX = (28, 31, 8, 31, 15, 18, 0, 24)
 MINP_TOKEN = 24
 
 
+def _kv_f16(call: str, name: str):
+    """The JSON value of ``call`` (a function of specverify.adapters.mistralrs) run in a child process
+    with the engine's default float16 CPU KV cache (``kv_f32=False`` in the call)."""
+    code = f"import json\nfrom specverify.adapters.mistralrs import {name}\nprint(json.dumps({call}))\n"
+    env = {**os.environ, "MISTRALRS_CPU_KV_F32": "0"}
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env)
+    if child.returncode != 0:
+        raise RuntimeError(f"{call} in a child process failed: {child.stderr.strip()[-2000:]}")
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
 def minp_boundary(*, seed: int = 0) -> dict:
-    """p(token) / max p at :data:`MINP_PREFIX` under mistral.rs's own raw law and under transformers'."""
+    """p(token) / max p at :data:`MINP_PREFIX` under mistral.rs's own raw law (KV cache float32 and
+    float16) and under transformers'."""
     import torch
 
     from specverify.adapters.mistralrs import engine_raw_law, tiny_target
 
     engine = engine_raw_law(list(MINP_PREFIX), seed=seed)  # (V,)
+    f16 = _kv_f16(f"engine_raw_law({list(MINP_PREFIX)}, seed={seed}, kv_f32=False).tolist()", "engine_raw_law")
+    engine_f16 = torch.tensor(f16, dtype=torch.float64)  # (V,)
     target = tiny_target(seed=seed, temperature=1.0)
     raw = torch.softmax(target.logits(torch.tensor([MINP_PREFIX]))[0, -1].double(), -1)  # (V,)
     return dict(
         prefix=list(MINP_PREFIX),
         token=MINP_TOKEN,
         engine_ratio=float(engine[MINP_TOKEN] / engine.max()),
+        engine_ratio_kv_f16=float(engine_f16[MINP_TOKEN] / engine_f16.max()),
         transformers_ratio=float(raw[MINP_TOKEN] / raw.max()),
+    )
+
+
+#: ``control_t1.0``'s prompt1 at seed 0, whose first-token goodness of fit is its smallest p.
+FOLLOWUP_PROMPT = (21, 4, 17, 22, 19, 21)
+
+
+def later_rows(*, seed: int = 0, blocks: int = 3, rows: int = 4000) -> dict:
+    """First-token fit of ``control_t1.0``'s decoder at :data:`FOLLOWUP_PROMPT` on rows after the audit's.
+
+    One call of ``(blocks + 1) * rows`` rows: the first ``rows`` are the audit's own draws (the
+    engine's random stream restarts at its constant seed for every call), each later block is a
+    disjoint stretch of that stream, hence a fresh sample; each is tested with the battery's
+    :func:`~specverify.stats.gof.gof_test` against the exact law (T = 1), and the later blocks pooled.
+    """
+    import numpy as np
+    import torch
+
+    from specverify.adapters.mistralrs import tiny_decoder, tiny_target
+    from specverify.stats.gof import gof_test
+
+    prompt = torch.tensor(FOLLOWUP_PROMPT)
+    law = tiny_target(seed=seed, temperature=1.0).next_token_probs(prompt[None])[0].numpy()  # (V,)
+    n = (blocks + 1) * rows
+    first = tiny_decoder(seed=seed, temperature=1.0).generate(prompt, num_samples=n, max_new_tokens=8, seed=seed)
+    first = first[:, 0].numpy()  # (n,)
+
+    def fit(x) -> dict:
+        r = gof_test(np.bincount(x, minlength=law.shape[0]), law)
+        mde = None if r.mde_tv is None else float(r.mde_tv)
+        return dict(n=len(x), statistic=float(r.statistic), p=float(r.pvalue), mde_tv=mde)
+
+    return dict(
+        prompt=list(FOLLOWUP_PROMPT),
+        audit=fit(first[:rows]),
+        blocks=[fit(first[(b + 1) * rows : (b + 2) * rows]) for b in range(blocks)],
+        pooled=fit(first[rows:]),
+    )
+
+
+def _later_rows_text(f: dict | None) -> str:
+    if not f:
+        return "(not probed)"
+    blocks = ", ".join(f"p = {b['p']:.2g}" for b in f["blocks"])
+    pooled = f["pooled"]
+    return (
+        f"after the prompt `{f['prompt']}` the audit's {f['audit']['n']} first tokens give p = {f['audit']['p']:.2g} "
+        f"on the battery's goodness-of-fit test; the next {len(f['blocks'])} blocks of {f['audit']['n']} rows of the "
+        f"same call (disjoint stretches of the engine's stream) give {blocks}, and the {pooled['n']} pooled "
+        f"p = {pooled['p']:.2g}" + ("" if pooled["mde_tv"] is None else f" (detectable TV {pooled['mde_tv']:.2g})")
     )
 
 
@@ -124,18 +208,19 @@ def _speculative_text(facts: dict) -> str:
 
 
 def _minp_text(b: dict | None) -> str:
-    if not b:
+    if not b or "engine_ratio_kv_f16" not in b:
         return "(not probed)"
     return (
-        f"after the prefix `{b['prefix']}` token {b['token']} has p / max p = {b['engine_ratio']:.7f} under "
-        f"mistral.rs's own law and {b['transformers_ratio']:.7f} under transformers'"
+        f"after the prefix `{b['prefix']}` token {b['token']} has p / max p = {b['engine_ratio_kv_f16']:.7f} "
+        f"under mistral.rs's own law with its default float16 KV cache, {b['engine_ratio']:.7f} with the "
+        f"float32 KV cache audited here, and {b['transformers_ratio']:.7f} under transformers'"
     )
 
 
 def _repro_text(out: Path) -> str:
     lines = repro_lines(out)
     if not lines:
-        return "No engine fault was found, so there is no repro script (the min-p FAIL is the exact law's, above)."
+        return "No engine fault was found, so there is no repro script."
     return "\n".join(["Each needs only the engine (no specverify); exit status 1 while the bug shows.", "", *lines])
 
 
@@ -146,19 +231,21 @@ def write_readme(out: Path, *, seed: int, tier: str) -> Path:
     facts = json.loads((out / "probe.json").read_text()) if (out / "probe.json").exists() else {}
     configs = [(name, what, None) for name, what, _, _ in CONFIGS]
     fields = readme_fields(out, configs, module="tools.reports.mistralrs_reports", seed=seed, tier=tier)
-    diff = facts.get("max_conditional_difference")
+    diff, diff16 = facts.get("max_conditional_difference"), facts.get("max_conditional_difference_kv_f16")
     text = TEMPLATE.format(
         **fields,
         **engine_versions(mistralrs="mistralrs", transformers="transformers"),
         install=INSTALL,
         install_record=INSTALL_RECORD,
         max_diff="(not measured)" if diff is None else f"{diff:.2g}",
+        max_diff_f16="(not measured)" if diff16 is None else f"{diff16:.2g}",
         mtp_error=facts.get("mtp", "(not probed)"),
         mtp_paged_error=facts.get("mtp_paged", "(not probed)"),
         seed_error=facts.get("seed", "(not probed)"),
         seed_later="no error (ignored)" if facts.get("seed_later") is None else facts["seed_later"],
         fresh_agree=facts.get("fresh_runners_agree", "(not probed)"),
         minp=_minp_text(facts.get("minp_boundary")),
+        later_rows=_later_rows_text(facts.get("later_rows")),
         speculative=_speculative_text(facts),
         repro=_repro_text(out),
     )
