@@ -161,6 +161,20 @@ def test_report_matrix_covers_every_generator_k_and_mode():
         assert any(c.temperature is None for c in mine) and any(c.temperature == 1.0 for c in mine)
     argv = hf_generators.generator_argv(configs[0], num_samples=10, max_new_tokens=3)
     assert argv[:2] == ["--decoder", hf_generators.DECODER_SPEC] and "--target" in argv
+    for name in catalog.GENERATORS:  # three seeds at T = 1, one sampled config below T = 1
+        t1 = [c for c in configs if c.generator == name and c.temperature == 1.0]
+        assert sorted(c.seed_offset for c in t1) == [0, *hf_generators.EXTRA_SEEDS]
+        assert len({c.k for c in t1}) == 1
+        assert any(c.generator == name and c.temperature == 0.7 for c in configs), name
+
+
+def test_extra_seed_configs_run_at_the_root_seed_plus_their_offset():
+    hf_reports = pytest.importorskip("tools.reports.hf_reports")
+    names = [c.name for c in hf_generators.GENERATOR_CONFIGS if c.seed_offset == 2][:1]
+    names += [c.name for c in hf_generators.GENERATOR_CONFIGS if c.seed_offset == 0][:1]
+    jobs, _ = hf_reports.audit_jobs(seed=5, configs=names)
+    seeds = {job.name: job.argv[job.argv.index("--seed") + 1] for job in jobs}
+    assert seeds == {names[0]: "7", names[1]: "5"}
 
 
 @pytest.mark.slow

@@ -1,8 +1,9 @@
 """The candidate-generator matrix of the HF transformers audit (issue 31, item 1).
 
 Every path ``generate(..., do_sample=True)`` can take with a draft in transformers 5.24
-(:data:`specverify.adapters.hf.catalog.GENERATORS`), each at T = 1, at T = 0.7 with top-k and
-top-p, and greedy, K from 1 to 5 across the matrix.  Each configuration is one ``specverify
+(:data:`specverify.adapters.hf.catalog.GENERATORS`), each at T = 1 (with the command's seed and the
+next :data:`EXTRA_SEEDS` seeds), at T = 0.7 with top-k and top-p, and greedy, K from 1 to 5 across
+the matrix.  Each configuration is one ``specverify
 audit`` of ``specverify.adapters.hf.catalog:tiny_generator_decoder`` against
 ``tiny_generator_target`` (the target's exact processed conditionals) at the sizes of the
 other HF decoder configurations (:data:`tools.reports.hf_config.SIZES`).  After each audit a
@@ -24,6 +25,7 @@ __all__ = [
     "GENERATOR_REPROS",
     "QUICK_GENERATOR_CONFIGS",
     "PROBE_SAMPLES",
+    "EXTRA_SEEDS",
     "generator_argv",
     "probe",
     "relevant_repros",
@@ -35,11 +37,16 @@ TARGET_SPEC = "specverify.adapters.hf.catalog:tiny_generator_target"
 #: ``generate`` calls of the engagement probe after each audit (prompt [3, 5, 7, 9, 3], 6 new tokens).
 PROBE_SAMPLES = 100
 PROBE_PROMPT = (3, 5, 7, 9, 3)
+#: Seed offsets at which every generator's T = 1 configuration runs again (``--seed`` + offset).
+EXTRA_SEEDS = (1, 2)
 
 
 @dataclasses.dataclass(frozen=True)
 class GeneratorConfig:
-    """One configuration: a candidate generator, K and sampling options (``temperature=None``: greedy)."""
+    """One configuration: a candidate generator, K and sampling options (``temperature=None``: greedy).
+
+    ``seed_offset``: the audit runs at the report command's ``--seed`` plus this.
+    """
 
     name: str
     generator: str
@@ -48,6 +55,7 @@ class GeneratorConfig:
     top_k: int = 0
     top_p: float = 1.0
     expect: str = "pass"
+    seed_offset: int = 0
 
     def options(self) -> str:
         if self.temperature is None:
@@ -67,7 +75,7 @@ def _configs():
         "prompt_lookup": (3, 5, 2),
         "vocab_superset": (3, 2, 3),
         "vocab_subset": (3, 4, 3),
-        "vocab_partial": (3, None, 2),
+        "vocab_partial": (3, 4, 2),
         "mtp": (1, 1, 1),
         "dflash": (3, 5, 3),
         "gemma4": (2, 4, 3),
@@ -80,6 +88,9 @@ def _configs():
                 GeneratorConfig(f"gen_{generator}_t0.7_topk8_topp0.9_k{k07}", generator, k07, 0.7, 8, 0.9)
             )
         out.append(GeneratorConfig(f"gen_{generator}_greedy_k{kg}", generator, kg, None))
+    for generator, (k1, _, _) in plan.items():  # after the matrix, so the seed-0 rows read together
+        for offset in EXTRA_SEEDS:
+            out.append(GeneratorConfig(f"gen_{generator}_t1.0_k{k1}_seed{offset}", generator, k1, seed_offset=offset))
     return tuple(out)
 
 

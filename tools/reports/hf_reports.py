@@ -157,7 +157,8 @@ def audit_jobs(*, seed: int = 0, tier: str = "smoke", alpha: float = 1e-3, quick
     for gconfig in GENERATOR_CONFIGS:
         if gconfig.name not in wanted:
             continue
-        argv = generator_argv(gconfig, num_samples=sizes["num_samples"], max_new_tokens=sizes["max_new_tokens"]) + run
+        run_g = ["--tier", tier, "--seed", str(seed + gconfig.seed_offset), "--alpha", f"{alpha:g}"]
+        argv = generator_argv(gconfig, num_samples=sizes["num_samples"], max_new_tokens=sizes["max_new_tokens"]) + run_g
         extra = {**dataclasses.asdict(gconfig), "model_seed": MODEL_SEED}
         jobs.append(Job(gconfig.name, argv, gconfig.options(), gconfig.expect, "", extra))
     return jobs, sizes
