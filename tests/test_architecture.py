@@ -88,7 +88,7 @@ ALLOWED: dict[str, set[str]] = {
 #: Module names that may repeat across folders: subjects and battery parts (the folder gives the role).
 SHARED_NAMES = {
     "__init__", "battery", "harness", "scenarios", "chain", "tree", "decoder", "drafter", "verifier", "uniforms",
-    "sweep", "kernel", "twosample", "endpoint",
+    "sweep", "kernel", "twosample", "endpoint", "sampler_chain",
 }  # fmt: skip
 
 

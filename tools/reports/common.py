@@ -85,13 +85,13 @@ def repro_lines(out: Path) -> list[str]:
     return lines
 
 
-def decoder_target_args(module: str, **options) -> list[str]:
-    """Audit arguments: ``module:tiny_decoder`` with ``options`` against ``module:tiny_target`` with the sampling ones."""
+def decoder_target_args(module: str, *, target_keys=("temperature", "top_k", "top_p"), **options) -> list[str]:
+    """Audit arguments: ``module:tiny_decoder`` with ``options`` against ``module:tiny_target`` with those in ``target_keys``."""
     args = ["--decoder", f"{module}:tiny_decoder"]
     for key, value in options.items():
         args += ["--decoder-option", f"{key}={value}"]
     args += ["--target", f"{module}:tiny_target"]
-    for key in ("temperature", "top_k", "top_p"):
+    for key in target_keys:
         if key in options:
             args += ["--target-option", f"{key}={options[key]}"]
     return args

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from specverify.core.files import atomic_write_text
-from tools.reports.common import engine_versions, read_template, readme_fields, report_main, repro_lines
+from tools.reports.common import decoder_target_args, engine_versions, read_template, readme_fields, report_main, repro_lines
 
 __all__ = [
     "CONFIGS",
@@ -77,13 +77,7 @@ INSTALL_RECORD = (
 
 def config_args(decoder: dict, sampler: dict) -> list[str]:
     """Audit arguments: ``tiny_decoder`` with all options against ``tiny_target`` with the sampler ones."""
-    args = ["--decoder", f"{MOD}:tiny_decoder"]
-    for key, value in {**decoder, **sampler}.items():
-        args += ["--decoder-option", f"{key}={value}"]
-    args += ["--target", f"{MOD}:tiny_target"]
-    for key, value in sampler.items():
-        args += ["--target-option", f"{key}={value}"]
-    return args
+    return decoder_target_args(MOD, target_keys=tuple(sampler), **decoder, **sampler)
 
 
 def probe(*, seed: int = 0) -> dict:

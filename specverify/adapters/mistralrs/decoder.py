@@ -347,18 +347,7 @@ def max_conditional_difference(
         out = torch.zeros((*sequences.shape, VOCAB_SIZE), dtype=torch.float64)  # (N, T, V)
         for i, row in enumerate(sequences.tolist()):
             for t in range(1, len(row) + 1):
-                request = mistralrs.ChatCompletionRequest(
-                    messages=[{"role": "user", "content": ids_to_text(row[:t])}],
-                    model="tiny",
-                    max_tokens=1,
-                    temperature=1.0,
-                    logprobs=True,
-                    top_logprobs=VOCAB_SIZE,
-                    ignore_eos=True,
-                )
-                top = runner.send_chat_completion_request(request).choices[0].logprobs.content[0].top_logprobs
-                for entry in top:
-                    out[i, t - 1, int(entry.token)] = float(torch.tensor(entry.logprob, dtype=torch.float64).exp())
+                out[i, t - 1] = _one_token_law(mistralrs, runner, row[:t])
         return out
 
     return max_law_difference(
@@ -374,8 +363,13 @@ def engine_raw_law(prefix, *, seed: int = 0, kv_f32: bool = True) -> torch.Tenso
     """
     mistralrs = _import_mistralrs()
     target_dir, _, _ = save_tiny_mistralrs(seed=seed)
+    return _one_token_law(mistralrs, _chat_runner(target_dir, kv_f32=kv_f32), prefix)
+
+
+def _one_token_law(mistralrs, runner, prefix) -> torch.Tensor:
+    """The law after ``prefix`` from a one-token chat completion with ``top_logprobs=V``: (V,) float64."""
     request = mistralrs.ChatCompletionRequest(
-        messages=[{"role": "user", "content": ids_to_text(prefix)}],
+        messages=[{"role": "user", "content": ids_to_text(list(prefix))}],
         model="tiny",
         max_tokens=1,
         temperature=1.0,
@@ -383,8 +377,7 @@ def engine_raw_law(prefix, *, seed: int = 0, kv_f32: bool = True) -> torch.Tenso
         top_logprobs=VOCAB_SIZE,
         ignore_eos=True,
     )
-    response = _chat_runner(target_dir, kv_f32=kv_f32).send_chat_completion_request(request)
-    top = response.choices[0].logprobs.content[0].top_logprobs
+    top = runner.send_chat_completion_request(request).choices[0].logprobs.content[0].top_logprobs
     law = torch.zeros(VOCAB_SIZE, dtype=torch.float64)  # (V,)
     for entry in top:
         law[int(entry.token)] = torch.tensor(entry.logprob, dtype=torch.float64).exp()
