@@ -47,7 +47,8 @@ def test_compare_reads_a_report_against_itself_and_sees_a_moved_number_and_verdi
     same = compare.compare_report(old, old)
     assert same == {"verdicts": (old["verdict"],) * 2, "same_tests": True, "max_rel": 0.0, "where": ""}
     moved = json.loads(source.read_text())
-    moved["results"][0]["statistic"] = float(moved["results"][0]["statistic"]) * (1 + 2e-3) + 1e-9
+    statistic = float(moved["results"][0]["statistic"])
+    moved["results"][0]["statistic"] = statistic + 2e-3 * max(abs(statistic), 1.0)
     moved["verdict"] = "fail"
     c = compare.compare_report(old, moved)
     assert c["verdicts"] == (old["verdict"], "fail") and c["max_rel"] > 1e-3 and "statistic" in c["where"]

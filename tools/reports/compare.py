@@ -5,7 +5,8 @@
     python -m tools.reports.compare reports/llama-cpp /path/to/fresh/clone/reports/llama-cpp
 
 For every ``<config>/report.json`` present in both: the verdicts, the tests (labels and sample
-sizes) and the largest relative difference of any statistic or p-value.  A run whose exact law is a
+sizes) and the largest relative difference of any statistic (on the scale of at least 1, so a z-score
+near 0 is compared absolutely) or p-value (those below 1e-12 are not compared).  A run whose exact law is a
 float32 model forward reproduces within 1e-3 relative on another CPU, with equal tokens and the
 same verdict; a float64-table run to the last bits (docs/reproducibility.md).  Prints one line per
 report and exits 1 when a verdict or a test's labels differ, or a number moves by more than
@@ -23,12 +24,13 @@ from pathlib import Path
 LABELS = ("family", "name", "scenario", "position", "n")
 
 
-def _relative(a: float, b: float) -> float:
+def _relative(a: float, b: float, floor: float = 1e-300) -> float:
+    """``|a - b|`` relative to ``max(|a|, |b|, floor)``."""
     if a == b or (math.isnan(a) and math.isnan(b)):
         return 0.0
     if math.isinf(a) or math.isinf(b) or math.isnan(a) or math.isnan(b):
         return math.inf
-    return abs(a - b) / max(abs(a), abs(b), 1e-300)
+    return abs(a - b) / max(abs(a), abs(b), floor)
 
 
 def compare_report(old: dict, new: dict) -> dict:
@@ -45,7 +47,8 @@ def compare_report(old: dict, new: dict) -> dict:
                 # p-values below 1e-12 are compared absolutely (a p-value of 1e-15 against 1e-16 is the same verdict)
                 if key == "pvalue" and max(float(a[key]), float(b[key])) < 1e-12:
                     continue
-                rel = _relative(float(a[key]), float(b[key]))
+                # a statistic near 0 (a z-score) on the scale of 1: -0.00231 against -0.00232 is no change
+                rel = _relative(float(a[key]), float(b[key]), 1.0 if key == "statistic" else 1e-300)
                 if rel > worst:
                     worst, where = rel, f"{a['family']}/{a['name']} {a['scenario']}/{a['position']} {key}"
     return {"verdicts": (old["verdict"], new["verdict"]), "same_tests": same, "max_rel": worst, "where": where}
