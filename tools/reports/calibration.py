@@ -31,6 +31,9 @@ from pathlib import Path
 
 STORE = Path("build/calibration")
 COMMITTED = Path("reports/calibration")
+#: Raw p-values at or below this are kept in the committed records (``tails``), with each test kind's count.
+TAIL = 0.01
+TAIL_LEVELS = (1e-2, 1e-3, 1e-4)
 BATTERIES = ("chain", "tree", "decoder")
 ALPHA = 1e-3
 COMMANDS = {
@@ -160,6 +163,52 @@ def regrade(record: dict) -> dict:
     }
 
 
+def _kind(family: str, label: str) -> str:
+    return f"{family}/{label.split('|', 1)[0]}"
+
+
+def tails(record: dict) -> dict | None:
+    """``counts`` {test kind: tests run} and ``small`` [[kind, label, p], ...] for p <= :data:`TAIL`.
+
+    From a raw record; a committed record returns what it kept (``None`` when it predates this).
+    """
+    if "pvalues" not in record:
+        return record.get("tails")
+    counts: dict[str, int] = {}
+    small = []
+    for family, label, p in zip(record["families"], record["labels"], record["pvalues"]):
+        kind = _kind(family, label)
+        counts[kind] = counts.get(kind, 0) + 1
+        if p is not None and p <= TAIL:
+            small.append([kind, label, p])
+    return {"counts": counts, "small": small}
+
+
+def tail_table(records: list[dict]) -> dict:
+    """Per test kind, over the runs whose tails are recorded: tests run, and p-values <= each level.
+
+    Under the null every p-value is (super-)uniform, so the count at level t is at most Poisson-ish
+    with mean ``tests * t``; ``excess_p`` is the exact Poisson upper tail of the count at 1e-3 (a
+    screening number for the investigation, not a test the verdict uses).
+    """
+    from scipy import stats as st
+
+    runs = [t for t in (tails(r) for r in records) if t is not None]
+    table: dict[str, dict] = {}
+    for t in runs:
+        for kind, n in t["counts"].items():
+            row = table.setdefault(kind, {"tests": 0, **{f"{lv:g}": 0 for lv in TAIL_LEVELS}})
+            row["tests"] += n
+        for kind, _label, p in t["small"]:
+            for lv in TAIL_LEVELS:
+                if p <= lv:
+                    table[kind][f"{lv:g}"] += 1
+    for row in table.values():
+        k, mean = row["0.001"], row["tests"] * 1e-3
+        row["excess_p"] = float(st.poisson.sf(k - 1, mean)) if k else 1.0
+    return {"runs": len(runs), "kinds": dict(sorted(table.items()))}
+
+
 def summarise(records: list[dict]) -> dict:
     """Run-level rates with exact 95% intervals, the law's min-adjusted-p curve, and conformance."""
     n = len(records)
@@ -192,6 +241,7 @@ def summarise(records: list[dict]) -> dict:
         "conformance_fail": sum(v == "fail" for v in rule),
         "conformance_flagged": sum(v in ("fail", "suspicious") for v in rule),
         "mean_seconds": sum(r["seconds"] for r in records) / n,
+        "tails": tail_table(records),
     }
 
 
@@ -204,7 +254,9 @@ def render(out: Path) -> None:
             summary[battery] = summarise(records)
             (out / f"{battery}.jsonl").write_text(
                 "".join(
-                    json.dumps({**{k: r[k] for k in ("seed", "grades", "flagged", "seconds")}, **regrade(r)})
+                    json.dumps(
+                        {**{k: r[k] for k in ("seed", "grades", "flagged", "seconds")}, **regrade(r), "tails": tails(r)}
+                    )
                     + "\n"
                     for r in sorted(records, key=lambda r: r["seed"])
                 )
@@ -256,6 +308,25 @@ def render(out: Path) -> None:
     lines += ["", "Families of the law tests that were not PASS (runs with at least one):", ""]
     for battery, s in summary.items():
         lines.append(f"- {battery}: {s['law_families_flagged'] or 'none'}")
+    lines += [
+        "",
+        "Per-test tails (the runs whose small p-values are recorded): how many raw p-values of each kind of",
+        "test fell at or below 1e-2, 1e-3 and 1e-4, against the expectation `tests x level` under a valid",
+        "test; `Poisson p` is the upper tail of the 1e-3 count (a screen for miscalibrated tests; kinds",
+        "with Poisson p < 0.01 are listed).",
+        "",
+        "| battery | runs | test kind | tests | <= 1e-2 (expected) | <= 1e-3 (expected) | <= 1e-4 (expected) | Poisson p |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for battery, s in summary.items():
+        t = s["tails"]
+        for kind, row in t["kinds"].items():
+            if row["excess_p"] < 0.01:
+                n = row["tests"]
+                lines.append(
+                    f"| {battery} | {t['runs']} | {kind} | {n} | {row['0.01']} ({n * 1e-2:.1f}) | "
+                    f"{row['0.001']} ({n * 1e-3:.2f}) | {row['0.0001']} ({n * 1e-4:.2f}) | {row['excess_p']:.2g} |"
+                )
     (out / "README.md").write_text("\n".join(lines) + "\n")
     print((out / "README.md").read_text())
 
