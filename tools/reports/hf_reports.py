@@ -30,8 +30,8 @@ The candidate-generator matrix (:mod:`tools.reports.hf_generators`: every other 
 can take with a draft, each with an engagement probe) runs in the same command.
 
 Regenerate: ``python -m tools.reports.hf_reports --out reports/hf-transformers`` (about
-30 minutes on one CPU core, 8 of them the kernel battery, 20 the generator matrix; ``--quick``
-takes about a minute).  It exits 1 when a lossless configuration does not pass.
+60 minutes on one busy CPU core: 39 minutes for the first 39 reports, 26 for the 23 extra-seed and
+T = 0.7 generator configurations; ``--quick`` takes about a minute).  It exits 1 when a lossless configuration does not pass.
 
 References: Leviathan, Kalman & Matias (ICML 2023); transformers ``generation/utils.py``
 (``_assisted_decoding``, ``_speculative_sampling``); docs/design.md; docs/bugs.md.
