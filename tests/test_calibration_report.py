@@ -48,3 +48,8 @@ def test_records_resume_from_the_committed_graded_ones(tmp_path, monkeypatch):
     assert calibration.regrade(records[0])["verdict"] == "pass"  # as it was graded
     summary = calibration.summarise(records)
     assert summary["runs"] == 2 and summary["tests_per_run"] == 2 and summary["tails"]["runs"] == 1
+
+
+def test_seed_ranges_compress_consecutive_seeds():
+    assert calibration.seed_ranges([0, 1, 2, 5, 7, 8]) == [[0, 2], [5, 5], [7, 8]]
+    assert calibration.seed_ranges([]) == []

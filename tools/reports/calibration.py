@@ -209,6 +209,17 @@ def tail_table(records: list[dict]) -> dict:
     return {"runs": len(runs), "kinds": dict(sorted(table.items()))}
 
 
+def seed_ranges(seeds: list[int]) -> list[list[int]]:
+    """Sorted seeds as ``[[first, last], ...]`` runs of consecutive seeds."""
+    out: list[list[int]] = []
+    for seed in seeds:
+        if out and seed == out[-1][1] + 1:
+            out[-1][1] = seed
+        else:
+            out.append([seed, seed])
+    return out
+
+
 def summarise(records: list[dict]) -> dict:
     """Run-level rates with exact 95% intervals, the law's min-adjusted-p curve, and conformance."""
     n = len(records)
@@ -224,7 +235,7 @@ def summarise(records: list[dict]) -> dict:
     rule = [g["conformance"] for g in graded if g["conformance"] is not None]
     return {
         "runs": n,
-        "seeds": [min(r["seed"] for r in records), max(r["seed"] for r in records)],
+        "seeds": seed_ranges(sorted(r["seed"] for r in records)),
         "tests_per_run": sum(sum(r["grades"].values()) for r in records) / n,
         "fail": fail,
         "fail_rate": fail / n,
@@ -282,7 +293,7 @@ def render(out: Path) -> None:
         lo, hi = s["fail_interval"]
         flo, fhi = s["flag_interval"]
         lines.append(
-            f"| {battery} | {s['runs']} ({s['seeds'][0]}-{s['seeds'][1]}) | {s['tests_per_run']:.0f} | {s['fail']} | "
+            f"| {battery} | {s['runs']} ({', '.join(f'{a}-{b}' for a, b in s['seeds'])}) | {s['tests_per_run']:.0f} | {s['fail']} | "
             f"{s['fail_rate']:.4f} [{lo:.4f}, {hi:.4f}] | {'yes' if hi >= ALPHA else 'no: conservative'} | "
             f"{s['fail_or_suspicious']} | {s['flag_rate']:.4f} [{flo:.4f}, {fhi:.4f}] | 0.1 | {s['errors']} |"
         )
