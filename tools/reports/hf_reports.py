@@ -134,7 +134,10 @@ def audit_jobs(*, seed: int = 0, tier: str = "smoke", alpha: float = 1e-3, quick
     if tier not in TIER_FACTOR:
         raise InvalidArgument(f"tier must be one of {tuple(TIER_FACTOR)}, got {tier!r}")
     wanted, sizes = _wanted(configs, quick), _sizes(tier, quick)
-    run = ["--tier", tier, "--seed", str(seed), "--alpha", f"{alpha:g}"]
+    def run_args(run_seed: int) -> list[str]:
+        return ["--tier", tier, "--seed", str(run_seed), "--alpha", f"{alpha:g}"]
+
+    run = run_args(seed)
     jobs = []
     if KERNEL_NAME in wanted:
         jobs.append(
@@ -157,8 +160,8 @@ def audit_jobs(*, seed: int = 0, tier: str = "smoke", alpha: float = 1e-3, quick
     for gconfig in GENERATOR_CONFIGS:
         if gconfig.name not in wanted:
             continue
-        run_g = ["--tier", tier, "--seed", str(seed + gconfig.seed_offset), "--alpha", f"{alpha:g}"]
-        argv = generator_argv(gconfig, num_samples=sizes["num_samples"], max_new_tokens=sizes["max_new_tokens"]) + run_g
+        argv = generator_argv(gconfig, num_samples=sizes["num_samples"], max_new_tokens=sizes["max_new_tokens"])
+        argv += run_args(seed + gconfig.seed_offset)
         extra = {**dataclasses.asdict(gconfig), "model_seed": MODEL_SEED}
         jobs.append(Job(gconfig.name, argv, gconfig.options(), gconfig.expect, "", extra))
     return jobs, sizes
