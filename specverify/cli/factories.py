@@ -13,18 +13,35 @@ Factories that must agree (decoder and target, drafter and target) take the same
 
 from __future__ import annotations
 
+import torch
+
 from reference.decoder import SpeculativeDecoder
 from reference.direct import DirectSampler, TargetAdapter
 from reference.models import make_pair
 from reference.processors import SamplingConfig
 from specverify.core import tables
+from specverify.core.errors import InvalidArgument
 from specverify.verifier import zoo
 
 __all__ = ["reference_decoder", "reference_target", "direct_sampler", "table_target", "zoo_drafter"]
 
 
+#: The forward dtypes the reference factories accept, by option value.
+FORWARD_DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
 def _sampling(temperature: float, top_k, top_p, min_p) -> SamplingConfig:
     return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+
+
+def _forward_dtype(dtype: str) -> torch.dtype:
+    """The tiny transformer's dtype.  float64 (the default) makes the sampled tokens the same on
+    every CPU: float32 matrix products round differently under AVX-512, AVX2 and other BLAS
+    builds, and a law moved by 1e-7 flips a token whenever a uniform falls that close to a CDF
+    boundary (docs/reproducibility.md)."""
+    if dtype not in FORWARD_DTYPES:
+        raise InvalidArgument(f"dtype must be one of {sorted(FORWARD_DTYPES)}, got {dtype!r}")
+    return FORWARD_DTYPES[dtype]
 
 
 def reference_decoder(
@@ -38,27 +55,42 @@ def reference_decoder(
     min_p=None,
     drafter: str = "early_exit",
     greedy: bool = False,
+    dtype: str = "float64",
 ) -> SpeculativeDecoder:
-    """The reference speculative decoder on a seeded tiny transformer pair (early-exit drafter)."""
-    target, draft_model = make_pair(vocab_size=vocab_size, seed=seed, drafter=drafter)
+    """The reference speculative decoder on a seeded tiny transformer pair (early-exit drafter), float64 forward."""
+    target, draft_model = make_pair(vocab_size=vocab_size, seed=seed, drafter=drafter, dtype=_forward_dtype(dtype))
     return SpeculativeDecoder(
         target, draft_model, k=k, sampling=_sampling(temperature, top_k, top_p, min_p), greedy=greedy
     )
 
 
 def reference_target(
-    *, vocab_size: int = 64, seed: int = 0, temperature: float = 1.0, top_k=None, top_p=None, min_p=None
+    *,
+    vocab_size: int = 64,
+    seed: int = 0,
+    temperature: float = 1.0,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    dtype: str = "float64",
 ) -> TargetAdapter:
     """Exact processed conditionals of the target that :func:`reference_decoder` uses with the same options."""
-    target, _ = make_pair(vocab_size=vocab_size, seed=seed)
+    target, _ = make_pair(vocab_size=vocab_size, seed=seed, dtype=_forward_dtype(dtype))
     return TargetAdapter(target, _sampling(temperature, top_k, top_p, min_p))
 
 
 def direct_sampler(
-    *, vocab_size: int = 64, seed: int = 0, temperature: float = 1.0, top_k=None, top_p=None, min_p=None
+    *,
+    vocab_size: int = 64,
+    seed: int = 0,
+    temperature: float = 1.0,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    dtype: str = "float64",
 ) -> DirectSampler:
     """Plain autoregressive sampling of the same target (the two-sample ``--reference``)."""
-    target, _ = make_pair(vocab_size=vocab_size, seed=seed)
+    target, _ = make_pair(vocab_size=vocab_size, seed=seed, dtype=_forward_dtype(dtype))
     return DirectSampler(target, _sampling(temperature, top_k, top_p, min_p))
 
 
