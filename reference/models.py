@@ -8,8 +8,10 @@ decode thousands of sequences in seconds, and identical on CUDA.
 * :class:`TinyTransformer` -- pre-norm GPT (learned positions, multi-head
   attention, GELU MLP, untied unembedding) whose logits are scaled so that the
   conditionals are far from uniform.  Weights come from a CPU
-  ``torch.Generator`` only (never the global RNG), so a seed gives the same
-  model on every device.
+  ``torch.Generator`` only (never the global RNG), as uniforms with each
+  weight's variance made by exact arithmetic, so a seed gives the same weights to
+  the bit on every device and CPU (``torch.randn`` in float32 does not: its
+  vectorised Box-Muller differs between AVX-512, AVX2 and scalar code).
 * :class:`KVCache` -- per-layer keys/values with a *per-row* length: row b's
   next token is written at slot ``lengths[b]`` with position id ``lengths[b]``,
   so rows advance independently and rollback is ``truncate(lengths)``.
@@ -137,7 +139,13 @@ class KVCache:
 
 
 def _randn(gen: torch.Generator, *shape: int, std: float) -> nn.Parameter:
-    return nn.Parameter(torch.randn(shape, generator=gen) * std, requires_grad=False)
+    """Seeded weights of mean 0 and standard deviation ``std``, equal to the bit on every CPU.
+
+    Uniform on [-sqrt(3) std, sqrt(3) std): ``torch.rand`` in float64 is an integer stream scaled by
+    2^-53, ``2u - 1`` is exact, and the one multiplication is correctly rounded everywhere.
+    """
+    uniform = torch.rand(shape, generator=gen, dtype=torch.float64)
+    return nn.Parameter((uniform * 2 - 1) * (std * math.sqrt(3.0)), requires_grad=False)
 
 
 class Embedding(nn.Module):
