@@ -53,3 +53,12 @@ def test_records_resume_from_the_committed_graded_ones(tmp_path, monkeypatch):
 def test_seed_ranges_compress_consecutive_seeds():
     assert calibration.seed_ranges([0, 1, 2, 5, 7, 8]) == [[0, 2], [5, 5], [7, 8]]
     assert calibration.seed_ranges([]) == []
+
+
+def test_a_frozen_series_is_not_extended_by_another_implementation(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    revision, _ = calibration.FROZEN["decoder"]
+    with pytest.raises(SystemExit, match=revision):
+        calibration.run(["chain", "decoder"], range(0, 1), workers=1)
+    assert not (tmp_path / "build").exists()  # refused before anything ran or was written
+    calibration.refuse_frozen(["chain", "tree"])  # the other series go on

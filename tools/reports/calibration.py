@@ -47,6 +47,31 @@ COMMANDS = {
 }
 
 
+#: Batteries whose committed records were made by an earlier revision whose implementation this
+#: checkout no longer reproduces: (revision, why).  ``run`` refuses to add to them here, so a series
+#: never mixes two implementations; ``render`` states the revision.
+FROZEN = {
+    "decoder": (
+        "13cc390",
+        "the reference decoder's weights were then drawn with float32 torch.randn (since made CPU-portable "
+        "float64 uniforms); the battery itself is unchanged",
+    ),
+}
+
+
+def refuse_frozen(batteries) -> None:
+    """Raise ``SystemExit`` naming the revision to run from when a battery's series is frozen."""
+    for battery in batteries:
+        if battery in FROZEN:
+            revision, why = FROZEN[battery]
+            raise SystemExit(
+                f"the committed {battery} records were made at commit {revision} ({why}): run "
+                f"`git worktree add ../calib-{battery} {revision}` and the same command there, then copy its "
+                f"build/calibration/{battery}.jsonl here; or move reports/calibration/{battery}.jsonl aside "
+                "and start a new series"
+            )
+
+
 def _one(battery: str, seed: int) -> dict:
     """One smoke run: its verdict, grade counts and every test's (family, p-value)."""
     import torch
@@ -113,6 +138,7 @@ def load(battery: str) -> list[dict]:
 
 
 def run(batteries, seeds: range, workers: int) -> None:
+    refuse_frozen(batteries)
     STORE.mkdir(parents=True, exist_ok=True)
     done = {battery: _done(battery) for battery in batteries}  # read each store once
     todo = []
@@ -286,6 +312,11 @@ def render(out: Path) -> None:
         "chain --battery tree --battery decoder --seeds 0:1000 --workers 2`, then `python -m",
         "tools.reports.calibration render --out reports/calibration`; the per-run records are",
         "`<battery>.jsonl` here.",
+        *(
+            f"The {battery} runs were made at commit {revision}: {why}; `run` reproduces them from a checkout of it."
+            for battery, (revision, why) in FROZEN.items()
+            if battery in summary
+        ),
         "",
         "| battery | runs (seeds) | tests per run | FAIL | rate [95% CI] | alpha inside or above? |"
         " FAIL or SUSPICIOUS | rate [95% CI] | 100 alpha | errors |",
