@@ -44,6 +44,12 @@ def _forward_dtype(dtype: str) -> torch.dtype:
     return FORWARD_DTYPES[dtype]
 
 
+def _target_model(vocab_size: int, seed: int, dtype: str, temperature: float, top_k, top_p, min_p):
+    """The seeded target transformer and its sampling configuration (the decoder's, for equal options)."""
+    target, _ = make_pair(vocab_size=vocab_size, seed=seed, dtype=_forward_dtype(dtype))
+    return target, _sampling(temperature, top_k, top_p, min_p)
+
+
 def reference_decoder(
     *,
     vocab_size: int = 64,
@@ -75,8 +81,7 @@ def reference_target(
     dtype: str = "float64",
 ) -> TargetAdapter:
     """Exact processed conditionals of the target that :func:`reference_decoder` uses with the same options."""
-    target, _ = make_pair(vocab_size=vocab_size, seed=seed, dtype=_forward_dtype(dtype))
-    return TargetAdapter(target, _sampling(temperature, top_k, top_p, min_p))
+    return TargetAdapter(*_target_model(vocab_size, seed, dtype, temperature, top_k, top_p, min_p))
 
 
 def direct_sampler(
@@ -90,8 +95,7 @@ def direct_sampler(
     dtype: str = "float64",
 ) -> DirectSampler:
     """Plain autoregressive sampling of the same target (the two-sample ``--reference``)."""
-    target, _ = make_pair(vocab_size=vocab_size, seed=seed, dtype=_forward_dtype(dtype))
-    return DirectSampler(target, _sampling(temperature, top_k, top_p, min_p))
+    return DirectSampler(*_target_model(vocab_size, seed, dtype, temperature, top_k, top_p, min_p))
 
 
 def table_target(*, vocab_size: int = 16, seed: int = 0, kind: str = "peaked") -> tables.MarkovTable:
