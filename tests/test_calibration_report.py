@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +63,12 @@ def test_a_frozen_series_is_not_extended_by_another_implementation(tmp_path, mon
         calibration.run(["chain", "decoder"], range(0, 1), workers=1)
     assert not (tmp_path / "build").exists()  # refused before anything ran or was written
     calibration.refuse_frozen(["chain", "tree"])  # the other series go on
+
+
+def test_a_screened_kind_links_its_follow_up_page_while_it_is_flagged():
+    summary = json.loads(Path("reports/calibration/summary.json").read_text())["batteries"]
+    (line,) = calibration.follow_up_lines(summary)  # the committed screen flags the tree's lag-128 test
+    assert "[lag128.md](lag128.md)" in line and "pairs_lag128" in line
+    assert Path("reports/calibration/lag128.md").exists()
+    summary["tree"]["tails"]["kinds"]["dependence/pairs_lag128"]["excess_p"] = 0.5
+    assert calibration.follow_up_lines(summary) == []

@@ -59,6 +59,25 @@ FROZEN = {
 }
 
 
+#: Screen flags followed up on a page of their own: (battery, test kind) -> (page, one-line finding).
+FOLLOW_UPS = {
+    ("tree", "dependence/pairs_lag128"): (
+        "lag128.md",
+        "the statistic is calibrated under its exact null and the pipeline gives its nominal rate on "
+        "1,024 runs outside the screened seeds: an excess of the screened seeds, not of the test",
+    ),
+}
+
+
+def follow_up_lines(summary: dict) -> list[str]:
+    """One line per screened kind (Poisson p < 0.01) that has a follow-up page, linking it."""
+    return [
+        f"- {battery} `{kind}`: [{page}]({page}): {finding}."
+        for (battery, kind), (page, finding) in FOLLOW_UPS.items()
+        if summary.get(battery, {}).get("tails", {}).get("kinds", {}).get(kind, {}).get("excess_p", 1.0) < 0.01
+    ]
+
+
 def refuse_frozen(batteries) -> None:
     """Raise ``SystemExit`` naming the revision to run from when a battery's series is frozen."""
     for battery in batteries:
@@ -341,7 +360,9 @@ def render(out: Path) -> None:
     ]
     for battery, s in summary.items():
         c = s["min_adjusted_curve"]
-        lines.append(f"| {battery} | " + " | ".join(f"{c[k]:.3f}" for k in ("0.01", "0.05", "0.1", "0.2", "0.5")) + " |")
+        lines.append(
+            f"| {battery} | " + " | ".join(f"{c[k]:.3f}" for k in ("0.01", "0.05", "0.1", "0.2", "0.5")) + " |"
+        )
     lines += ["", "Rule conformance (its own budget, not in the verdict): runs with a conformance FAIL / FAIL or", ""]
     lines[-2] += " SUSPICIOUS:"
     for battery, s in summary.items():
@@ -371,6 +392,9 @@ def render(out: Path) -> None:
                     f"| {battery} | {t['runs']} | {kind} | {n} | {row['0.01']} ({n * 1e-2:.1f}) | "
                     f"{row['0.001']} ({n * 1e-3:.2f}) | {row['0.0001']} ({n * 1e-4:.2f}) | {row['excess_p']:.2g} |"
                 )
+    followed = follow_up_lines(summary)
+    if followed:
+        lines += ["", "Followed up:", "", *followed]
     (out / "README.md").write_text("\n".join(lines) + "\n")
     print((out / "README.md").read_text())
 
