@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
+from _servers import Server
 
 from specverify.cli import main
 from specverify.endpoint.api import Sampling, continuations, prompt_logprob_rows
@@ -28,27 +29,6 @@ from specverify.endpoint.subjects import EndpointTarget
 
 SMALL = dict(num_samples=600, max_new_tokens=4, samples_per_request=50)
 SMALL_ARGS = ["--num-samples", "600", "--max-new-tokens", "4", "--samples-per-request", "50"]
-
-
-class Server:
-    """A local completions server process; ``url`` once it serves."""
-
-    def __init__(self, *options: str):
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "specverify.endpoint.localserver", "--port", "0", *options],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        line = self.process.stdout.readline()
-        if not line.startswith("serving "):
-            self.process.kill()
-            raise RuntimeError(f"the local server did not start: {line!r} {self.process.stderr.read()}")
-        self.url = line.split()[1]
-
-    def close(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=10)
 
 
 SERVERS = {
@@ -271,7 +251,7 @@ def test_a_reply_that_is_not_json(capsys, tmp_path):
         err = _cli_error(capsys, "--endpoint", stub.url, "--model", "m", "--out", str(tmp_path))
     finally:
         stub.close()
-    assert "not JSON" in err and "proxy login" in err
+    assert "not valid JSON" in err and "proxy login" in err
 
 
 def test_a_server_that_returns_no_token_ids(capsys, tmp_path):
@@ -298,6 +278,23 @@ def test_the_api_key_is_sent_and_never_recorded(servers, monkeypatch, tmp_path):
     assert status == 0
     for path in tmp_path.iterdir():
         assert secret not in path.read_text(errors="replace"), path.name
+
+
+@pytest.mark.parametrize("value", [None, ""])
+def test_a_named_key_variable_that_is_unset_or_empty_is_a_usage_error(capsys, tmp_path, monkeypatch, value):
+    """``--api-key-env VAR`` names a key the user means to send: unset or empty, nothing is sent."""
+    monkeypatch.delenv("NOT_SET_XYZ", raising=False)
+    if value is not None:
+        monkeypatch.setenv("NOT_SET_XYZ", value)
+    stub = _Stub(200, json.dumps({"data": [{"id": "m"}]}).encode())
+    try:
+        err = _cli_error(capsys, "--endpoint", stub.url, "--model", "m", "--api-key-env", "NOT_SET_XYZ",
+                         "--out", str(tmp_path))  # fmt: skip
+    finally:
+        stub.close()
+    assert len(err.splitlines()) == 1 and "$NOT_SET_XYZ" in err
+    assert ("not set" if value is None else "empty") in err
+    assert stub.headers == []  # before any request
 
 
 # ----------------------------------------------------------------------------------- parts

@@ -8,11 +8,14 @@ API key is never part of it: only the name of the variable that holds it).
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
 import sys
 
-from specverify.cli.argtypes import nonnegative_float, positive_int, probability
+from specverify.cli.argtypes import nonnegative_float, nonnegative_int, positive_float, positive_int, probability
 from specverify.core.errors import InvalidArgument
+
+DEFAULT_KEY_ENV = "SPECVERIFY_API_KEY"  # specverify.endpoint.http's (not imported: the CLI starts without it)
 
 __all__ = ["add_arguments", "run_endpoint_audit", "endpoint_command", "CONFLICTS"]
 
@@ -46,11 +49,31 @@ def add_arguments(audit) -> None:
     group.add_argument(
         "--api-key-env",
         metavar="VAR",
-        default="SPECVERIFY_API_KEY",
-        help="environment variable holding the API key (never recorded; default SPECVERIFY_API_KEY)",
+        help="environment variable holding the API key, which must be set (never recorded; default: "
+        "SPECVERIFY_API_KEY if set, else no key)",
     )
-    group.add_argument("--request-timeout", type=nonnegative_float, default=120.0, metavar="S")
-    group.add_argument("--retries", type=positive_int, default=6, help="retries of a transient failure (429, 5xx)")
+    group.add_argument(
+        "--send-key-over-http",
+        action="store_true",
+        help="allow the key over plain http to a host that is not this machine (refused by default)",
+    )
+    group.add_argument(
+        "--request-timeout",
+        type=positive_float,
+        default=600.0,
+        metavar="S",
+        help="seconds one request may take, connect to last byte (default 600)",
+    )
+    group.add_argument(
+        "--read-timeout",
+        type=positive_float,
+        default=120.0,
+        metavar="S",
+        help="seconds the server may stay silent before a reply and between its bytes (default 120)",
+    )
+    group.add_argument(
+        "--retries", type=nonnegative_int, default=6, help="retries of a transient failure (429, 5xx, timeout)"
+    )
     group.add_argument(
         "--skip-determinism",
         action="store_true",
@@ -67,6 +90,12 @@ def add_arguments(audit) -> None:
 
 
 def _check(args) -> None:
+    if args.api_key_env is not None and not os.environ.get(args.api_key_env):  # named: must hold a key
+        state = "empty" if args.api_key_env in os.environ else "not set"
+        raise InvalidArgument(
+            f"--api-key-env names ${args.api_key_env}, which is {state}: set it to the key, or leave the option out "
+            "to send none"
+        )
     if not args.model:
         raise InvalidArgument("--endpoint needs --model NAME (the served model's name)")
     given = [f"--{name.replace('_', '-')}" for name in CONFLICTS if getattr(args, name, None) not in (None, False, [])]
@@ -103,8 +132,10 @@ def endpoint_argv(args) -> list[str]:
         argv += ["--batch-invariance", str(args.batch_invariance)]
     if args.skip_determinism:
         argv.append("--skip-determinism")
-    if args.api_key_env != "SPECVERIFY_API_KEY":
+    if args.api_key_env is not None:
         argv += ["--api-key-env", args.api_key_env]
+    if args.send_key_over_http:
+        argv.append("--send-key-over-http")
     argv += ["--tier", args.tier, "--seed", str(args.seed), "--alpha", f"{args.alpha:g}"]
     return argv
 
@@ -138,9 +169,11 @@ def run_endpoint_audit(args, *, stream=None):
         out_dir=args.out,
         concurrency=args.concurrency,
         samples_per_request=args.samples_per_request,
-        key_env=args.api_key_env,
+        key_env=args.api_key_env or DEFAULT_KEY_ENV,
         timeout=args.request_timeout,
+        read_timeout=args.read_timeout,
         retries=args.retries,
+        send_key_over_http=args.send_key_over_http,
         batch_invariance=args.batch_invariance or 0,
         check_determinism=not args.skip_determinism,
         progress=TerminalProgress(stream),

@@ -17,11 +17,15 @@ __all__ = ["atomic_write_text", "check_out_dir"]
 
 
 def atomic_write_text(path: Path, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` via a temporary file in the same directory + ``os.replace``."""
+    """Write ``text`` (UTF-8) to ``path`` via a temporary file in the same directory + ``os.replace``.
+
+    A character UTF-8 cannot hold (a lone surrogate, which a string from a server or a user's code
+    may carry) is written as its backslash escape rather than failing the write.
+    """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace", newline="\n") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())

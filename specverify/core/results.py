@@ -385,6 +385,9 @@ class Report:
             from specverify.core.errors import InvalidArgument
 
             raise InvalidArgument(f"report schema {schema!r} is not supported (expected one of {READABLE_SCHEMAS})")
+        from specverify.core.report_schema import checked_report
+
+        data = checked_report(data)  # InvalidArgument naming the first field of the wrong type
         names = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in names}
         values["results"] = tuple(TestResult.from_dict(r) for r in values.get("results", ()))

@@ -19,6 +19,7 @@ Two requests, both ``POST /v1/completions`` with the prompt as a list of token i
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,7 +27,7 @@ import torch
 
 from reference.processors import SamplingConfig, logits_to_probs
 from specverify.core.errors import InvalidArgument
-from specverify.endpoint.http import EndpointError
+from specverify.endpoint.http import EndpointError, server_text
 
 __all__ = [
     "Sampling",
@@ -36,11 +37,26 @@ __all__ = [
     "prompt_logprob_rows",
     "processed_laws",
     "LOGPROB_MASS_TOL",
+    "LOGPROB_POSITIVE_TOL",
+    "MAX_VOCAB",
     "CAP_HINT",
+    "sampling_reply_bytes",
+    "teacher_forcing_reply_bytes",
 ]
 
 #: How far the total probability of a full-vocabulary logprob row may be from 1 (float32 logits, JSON).
 LOGPROB_MASS_TOL = 1e-3
+#: How far above 0 a log-probability may be (float32 rounding of a probability of 1); beyond it the reply is refused.
+LOGPROB_POSITIVE_TOL = 1e-6
+#: The largest vocabulary the client accepts: 2^20 tokens (the largest served today has 262,144).
+MAX_VOCAB = 1 << 20
+#: Bytes any reply may hold beyond what its request asks for (ids, usage, fields the audit ignores).
+REPLY_BASE_BYTES = 1 << 20
+#: Bytes a sampling reply may hold per sampled token (its id, text and whatever else a server adds).
+BYTES_PER_TOKEN = 1 << 10
+#: Bytes a teacher-forcing reply may hold per logprob entry (vLLM: ``"12345":{"logprob":-1.2,"rank":7,"decoded_token":"ab"}``).
+BYTES_PER_LOGPROB = 128
+_DECIMAL = re.compile(r"0|[1-9][0-9]*")
 #: What lifts a server's cap on logprobs (named in the error when the cap is met).
 CAP_HINT = "start the server with --max-logprobs -1 (vLLM) so that prompt_logprobs=-1 returns the whole vocabulary"
 
@@ -102,58 +118,123 @@ def teacher_forcing_body(model: str, sequence: list[int]) -> dict:
     }
 
 
-def _choices(reply, what: str) -> list:
+def sampling_reply_bytes(n: int, max_tokens: int) -> int:
+    """The most bytes a reply of ``n`` continuations of ``max_tokens`` tokens may hold."""
+    return REPLY_BASE_BYTES + int(n) * int(max_tokens) * BYTES_PER_TOKEN
+
+
+def teacher_forcing_reply_bytes(length: int, vocab_size: int | None) -> int:
+    """The most bytes a reply of full-vocabulary prompt logprobs of a ``length``-token prompt may hold.
+
+    Its ``length - 1`` rows (the first token has no law) of ``vocab_size`` entries each
+    (:data:`MAX_VOCAB` while the vocabulary is not known).
+    """
+    V = MAX_VOCAB if vocab_size is None else int(vocab_size)
+    return REPLY_BASE_BYTES + max(int(length) - 1, 1) * V * BYTES_PER_LOGPROB
+
+
+def _choices(reply, what: str, limit: int) -> list:
+    """The reply's choices in index order: a list of at most ``limit`` objects with distinct integer indices."""
     choices = reply.get("choices") if isinstance(reply, dict) else None
     if not isinstance(choices, list) or not choices:
-        raise EndpointError(f"the {what} reply has no choices: {str(reply)[:120]}")
-    return sorted(choices, key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0)
+        raise EndpointError(f"the {what} reply has no choices: {server_text(_preview(reply), limit=120)}")
+    if len(choices) > limit:
+        raise EndpointError(f"the {what} reply has {len(choices)} choices, {limit} were asked")
+    if not all(isinstance(c, dict) for c in choices):
+        raise EndpointError(f"the {what} reply has a choice that is not an object")
+    indices = [c.get("index") for c in choices]
+    if all(i is None for i in indices):
+        return choices
+    if not all(_is_int(i) and 0 <= i < len(choices) for i in indices) or len(set(indices)) != len(indices):
+        shown = server_text(_preview(indices), limit=80)
+        raise EndpointError(f"the {what} reply's choices have indices {shown}: not 0..{len(choices) - 1} once each")
+    return sorted(choices, key=lambda c: c["index"])
 
 
-def _token_ids(choice: dict) -> list[int] | None:
+def _preview(value) -> str:
+    """A short repr of a (possibly huge) decoded JSON value."""
+    text = repr(value) if not isinstance(value, (dict, list)) else repr(value)[:200]
+    return text[:200]
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _token_id(value, upper: int, where: str) -> int:
+    """A token id of a reply: an integer in [0, upper) (``token_id:N`` strings of vLLM's option are read too)."""
+    if isinstance(value, str) and value.startswith("token_id:") and _DECIMAL.fullmatch(value[9:]):
+        value = int(value[9:])
+    if not _is_int(value):
+        raise EndpointError(f"{where} holds {server_text(_preview(value), limit=60)}, not an integer token id")
+    if not 0 <= value < upper:
+        shown = str(value) if value.bit_length() < 64 else f"an integer of {len(str(value))} digits"
+        raise EndpointError(f"{where} holds token {shown}, outside the vocabulary [0, {upper})")
+    return value
+
+
+def _token_ids(choice: dict, upper: int, where: str) -> list[int] | None:
     ids = choice.get("token_ids")
-    if isinstance(ids, list):
-        return [int(t) for t in ids]
-    tokens = (choice.get("logprobs") or {}).get("tokens") if isinstance(choice.get("logprobs"), dict) else None
-    if isinstance(tokens, list) and tokens and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
-        return [int(t.split(":", 1)[1]) for t in tokens]
-    return None
+    if ids is None:
+        logprobs = choice.get("logprobs")
+        tokens = logprobs.get("tokens") if isinstance(logprobs, dict) else None
+        if (
+            isinstance(tokens, list)
+            and tokens
+            and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens)
+        ):
+            ids = tokens
+    if ids is None:
+        return None
+    if not isinstance(ids, list):
+        raise EndpointError(f"{where}.token_ids is {type(ids).__name__}, not a list of token ids")
+    return [_token_id(t, upper, f"{where}.token_ids") for t in ids]
 
 
-def continuations(reply, *, n: int, max_tokens: int) -> list[list[int]]:
+def continuations(reply, *, n: int, max_tokens: int, vocab_size: int | None = None) -> list[list[int]]:
     """The ``n`` continuations' token ids of a sampling reply, each exactly ``max_tokens`` long.
 
     Raises
     ------
     EndpointError
         No choices, no token ids (the server does not return them), the wrong number of
-        choices, or a continuation of another length (the server stopped early).
+        choices or duplicate indices, a token id that is not an integer in ``[0, vocab_size)``
+        (``[0, MAX_VOCAB)`` when the vocabulary is not known), or a continuation of another
+        length (the server stopped early).
     """
-    choices = _choices(reply, "completion")
+    choices = _choices(reply, "completion", n)
     if len(choices) != n:
         raise EndpointError(f"the completion reply has {len(choices)} choices, {n} were asked (n={n})")
+    upper = MAX_VOCAB if vocab_size is None else int(vocab_size)
     out = []
-    for choice in choices:
-        ids = _token_ids(choice)
+    for i, choice in enumerate(choices):
+        ids = _token_ids(choice, upper, f"the completion reply's choices[{i}]")
         if ids is None:
             raise EndpointError(
                 "the completion reply holds no token ids: the audit needs a server that returns them "
                 "(vLLM does for the request field return_token_ids, which is sent, or with --return-tokens-as-token-ids)"
             )
         if len(ids) != max_tokens:
+            finish = server_text(_preview(choice.get("finish_reason")), limit=40)
             raise EndpointError(
                 f"a continuation has {len(ids)} tokens, {max_tokens} were asked "
-                f"(finish_reason={choice.get('finish_reason')!r}): the server must honour ignore_eos"
+                f"(finish_reason={finish}): the server must honour ignore_eos"
             )
         out.append(ids)
     return out
 
 
-def _logprob(value) -> float:
+def _logprob(value, where: str) -> float:
     if isinstance(value, dict):
         value = value.get("logprob")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise EndpointError(f"a prompt logprob is not a number: {value!r}")
-    return float(value)
+        raise EndpointError(f"{where} is {server_text(_preview(value), limit=60)}, not a number")
+    if isinstance(value, int) and abs(value) > 1e300:
+        raise EndpointError(f"{where} is an integer of {len(str(value))} digits, not a log-probability")
+    value = float(value)
+    if math.isnan(value) or value > LOGPROB_POSITIVE_TOL:
+        raise EndpointError(f"{where} is {value!r}: a log-probability is at most 0")
+    return value
 
 
 def prompt_logprob_rows(reply, sequence: list[int], vocab_size: int | None) -> np.ndarray:
@@ -167,10 +248,12 @@ def prompt_logprob_rows(reply, sequence: list[int], vocab_size: int | None) -> n
     EndpointError
         No ``prompt_logprobs``; a row that does not cover the vocabulary (its size differs from
         ``vocab_size`` or from the first row, or its probabilities do not sum to 1 within
-        :data:`LOGPROB_MASS_TOL`: the server capped the logprobs); a token id outside it.
+        :data:`LOGPROB_MASS_TOL`: the server capped the logprobs); a key that is not a token id
+        written in decimal, or names a token outside the vocabulary; a log-probability that is
+        not a number, NaN, or above 0 (beyond :data:`LOGPROB_POSITIVE_TOL`).
     """
-    choice = _choices(reply, "teacher-forcing")[0]
-    laws = choice.get("prompt_logprobs") if isinstance(choice, dict) else None
+    choice = _choices(reply, "teacher-forcing", 1)[0]
+    laws = choice.get("prompt_logprobs")
     if not isinstance(laws, list) or len(laws) != len(sequence):
         raise EndpointError(
             "the teacher-forcing reply holds no prompt_logprobs for every prompt token "
@@ -181,26 +264,40 @@ def prompt_logprob_rows(reply, sequence: list[int], vocab_size: int | None) -> n
     V = vocab_size
     for i in range(1, len(sequence)):
         entry = laws[i]
+        where = f"the teacher-forcing reply's prompt_logprobs[{i}]"
         if not isinstance(entry, dict) or not entry:
-            raise EndpointError(f"prompt_logprobs[{i}] is {str(entry)[:60]}, not a map of token ids to logprobs")
+            raise EndpointError(
+                f"{where} is {server_text(_preview(entry), limit=60)}, not a map of token ids to logprobs"
+            )
         size = len(entry)
         if V is None:
+            if size > MAX_VOCAB:
+                raise EndpointError(f"{where} covers {size:,} tokens, more than the {MAX_VOCAB:,} the client accepts")
             V = size
         if size != V:
             raise EndpointError(
-                f"prompt_logprobs[{i}] covers {size} tokens, the vocabulary has {V}: logprobs capped below the vocabulary; "
+                f"{where} covers {size} tokens, the vocabulary has {V}: logprobs capped below the vocabulary; "
                 + CAP_HINT
             )
         row = np.full(V, -math.inf)
         for key, value in entry.items():
-            token = int(key)
+            if not _DECIMAL.fullmatch(key):
+                raise EndpointError(f"{where} has the key {server_text(key, limit=40)!r}, not a token id in decimal")
+            token = int(key) if len(key) < 20 else V
+            if token >= V and vocab_size is None:  # ids beyond the row's size: a sparse (capped) row
+                raise EndpointError(
+                    f"{where} names token {server_text(key, limit=40)} but covers only {V} tokens: logprobs capped "
+                    f"below the vocabulary; {CAP_HINT}"
+                )
             if not 0 <= token < V:
-                raise EndpointError(f"prompt_logprobs[{i}] names token {token}, outside the vocabulary [0, {V})")
-            row[token] = _logprob(value)
+                raise EndpointError(
+                    f"{where} names token {server_text(key, limit=40)}, outside the vocabulary [0, {V})"
+                )
+            row[token] = _logprob(value, f"{where}[{key}]")
         mass = math.fsum(np.exp(row).tolist())
         if abs(mass - 1.0) > LOGPROB_MASS_TOL:
             raise EndpointError(
-                f"prompt_logprobs[{i}] sums to probability {mass:.4g}, not 1: logprobs capped below the vocabulary "
+                f"{where} sums to probability {mass:.4g}, not 1: logprobs capped below the vocabulary "
                 f"or not normalised; {CAP_HINT}"
             )
         rows.append(row)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -33,8 +34,16 @@ from specverify.core.repro import python_repro
 from specverify.core.validation import check_int
 from specverify.decoder.battery import TIER_PLANS, check_decoder
 from specverify.decoder.conditionals import ExactPlan
-from specverify.endpoint.api import Sampling, completion_body, continuations, prompt_logprob_rows, teacher_forcing_body
-from specverify.endpoint.http import DEFAULT_KEY_ENV, EndpointError, HttpClient
+from specverify.endpoint.api import (
+    Sampling,
+    completion_body,
+    continuations,
+    prompt_logprob_rows,
+    sampling_reply_bytes,
+    teacher_forcing_body,
+    teacher_forcing_reply_bytes,
+)
+from specverify.endpoint.http import DEFAULT_KEY_ENV, EndpointError, HttpClient, Limits, server_text
 from specverify.endpoint.invariance import SCENARIO as INVARIANCE_SCENARIO
 from specverify.endpoint.invariance import batch_invariance as batch_invariance_tests
 from specverify.endpoint.pool import Fetcher
@@ -106,27 +115,29 @@ def plan_requests(*, tier: str, mode: str, num_prompts: int, num_samples: int | 
 
 def _served_models(client: HttpClient) -> list[str] | None:
     try:
-        reply = client.get("models", retries=min(client.retries, 2))  # first contact: fail fast
+        reply = client.get("models", retries=min(client.limits.retries, 2))  # first contact: fail fast
     except EndpointError as error:
         if error.status == 404:
             return None  # no model listing: the completion probe will say
         raise
     data = reply.get("data") if isinstance(reply, dict) else None
-    return [str(m.get("id")) for m in data if isinstance(m, dict)] if isinstance(data, list) else None
+    if not isinstance(data, list):
+        return None
+    return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
 
 def _check_model(client: HttpClient, model: str) -> None:
     served = _served_models(client)
     if served is not None and model not in served:
-        raise EndpointError(
-            f"{client.base_url} does not serve model {model!r}; it serves: {', '.join(map(str, served))}"
-        )
+        shown = ", ".join(server_text(name, limit=80, secrets=client.secrets()) for name in served[:20])
+        more = f" and {len(served) - 20:,} more" if len(served) > 20 else ""
+        raise EndpointError(f"{client.base_url} does not serve model {model!r}; it serves: {shown or '(none)'}{more}")
 
 
 def _probe_sampling(client: HttpClient, model: str, sampling: Sampling, prompt: list[int]) -> None:
     body = completion_body(model, prompt, n=1, max_tokens=2, sampling=sampling, seed=0)
     try:
-        reply = client.post("completions", body)
+        reply = client.post("completions", body, max_bytes=sampling_reply_bytes(1, 2))
     except EndpointError as error:
         if error.status == 400 and "prompt" in error.body.lower():
             raise EndpointError(f"{client.base_url} does not take token-id prompts: {error.body}") from None
@@ -137,7 +148,9 @@ def _probe_sampling(client: HttpClient, model: str, sampling: Sampling, prompt: 
 def _probe_vocab(client: HttpClient, model: str) -> int:
     sequence = [0, 0]
     try:
-        reply = client.post("completions", teacher_forcing_body(model, sequence))
+        reply = client.post(
+            "completions", teacher_forcing_body(model, sequence), max_bytes=teacher_forcing_reply_bytes(2, None)
+        )
     except EndpointError as error:
         if error.status == 400 and "logprob" in error.body.lower():
             raise EndpointError(
@@ -236,6 +249,50 @@ def _with_batch_invariance(report, fetcher, model, sampling, samples, *, tier, s
     ), summary
 
 
+def _run_battery(fetcher, under_test, target_side, mode, sampling, vocab, prompt_lists, *, tier, seed, alpha,
+                 num_samples, max_new_tokens, samples_per_request, check_determinism, batch_invariance, greedy):  # fmt: skip
+    """The decoder battery on the endpoint's subjects (and the batch-invariance tests): report, target, summary."""
+    decoder = EndpointDecoder(fetcher, under_test.model, sampling, samples_per_request=samples_per_request,
+                              vocab_size=vocab, label=under_test.label, repeat_from_store=not check_determinism)  # fmt: skip
+    target = EndpointTarget(fetcher, target_side.model, sampling, vocab_size=vocab) if mode == "exact" else None
+    reference = None
+    if mode == "two_sample":
+        reference = EndpointDecoder(fetcher, target_side.model, sampling, role="reference",
+                                    samples_per_request=samples_per_request, label=target_side.label)  # fmt: skip
+    report = check_decoder(
+        decoder,
+        target,
+        reference=reference,
+        tier=tier,
+        seed=seed,
+        alpha=alpha,
+        prompts=prompt_lists,
+        greedy=True if greedy and target is not None else None,
+        num_samples=num_samples,
+        max_new_tokens=max_new_tokens,
+    )
+    invariance = None
+    if batch_invariance and report.verdict != "error" and fetcher.failure is None:
+        report, invariance = _with_batch_invariance(
+            report, fetcher, under_test.model, sampling, batch_invariance, tier=tier, seed=seed, alpha=alpha,
+            vocab=vocab,
+        )  # fmt: skip
+    return report, target, invariance
+
+
+def check_key_env(key_env) -> None:
+    """A named key variable must be set: the default may be unset (no key), another name must hold a key."""
+    if key_env is None:
+        return
+    if not isinstance(key_env, str) or not key_env:
+        raise InvalidArgument(f"key_env must be the name of an environment variable, got {key_env!r}")
+    if key_env != DEFAULT_KEY_ENV and not os.environ.get(key_env):
+        raise InvalidArgument(
+            f"--api-key-env names ${key_env}, which is {'empty' if key_env in os.environ else 'not set'}: "
+            "set it to the key, or leave the option out to send none"
+        )
+
+
 def check_endpoint(
     url: str,
     model: str,
@@ -255,10 +312,12 @@ def check_endpoint(
     out_dir=None,
     concurrency: int = 8,
     samples_per_request: int = 1,
-    key_env: str = DEFAULT_KEY_ENV,
-    timeout: float = 120.0,
+    key_env: str | None = DEFAULT_KEY_ENV,
+    timeout: float = 600.0,
+    read_timeout: float = 120.0,
     retries: int = 6,
     verify_tls: bool = True,
+    send_key_over_http: bool = False,
     batch_invariance: int = 0,
     check_determinism: bool = True,
     progress=None,
@@ -288,9 +347,16 @@ def check_endpoint(
         Requests in flight at most.
     samples_per_request : int
         Continuations per sampling request (``n``).
-    key_env : str
-        Environment variable holding the API key (never recorded).
-    timeout, retries, verify_tls : the HTTP client's (see :class:`~specverify.endpoint.http.HttpClient`).
+    key_env : str or None
+        Environment variable holding the API key (never recorded).  The default variable may be
+        unset (no key is sent); another name must be set and not empty.
+    timeout : float
+        Seconds one request may take, connecting to the last byte of its reply.
+    read_timeout : float
+        Seconds the server may stay silent, before the first byte of a reply and between bytes.
+    retries, verify_tls, send_key_over_http : the HTTP client's (see :class:`~specverify.endpoint.http.HttpClient`);
+        a transient failure (HTTP 408, 429, 5xx, a timeout, a dropped connection) is retried
+        ``retries`` times.
     batch_invariance : int
         When > 0: this many continuations of the first prompt sent alone and as many in a crowd of
         concurrent requests, compared with two-sample tests under the run's error budget
@@ -328,23 +394,21 @@ def check_endpoint(
         raise InvalidArgument(f"tier must be one of {sorted(TIER_PLANS)}, got {tier!r}")
     if two_sample and not reference_url:
         raise InvalidArgument("two_sample=True needs reference_url (the same model served without speculation)")
+    check_key_env(key_env)
     mode = "two_sample" if two_sample else "exact"
     prompt_lists = _load_prompts(prompts)
-    under_test = _Served(
-        HttpClient(url, key_env=key_env, timeout=timeout, retries=retries, verify_tls=verify_tls), model
-    )
-    ref = None
-    if reference_url:
-        ref_client = HttpClient(reference_url, key_env=key_env, timeout=timeout, retries=retries, verify_tls=verify_tls)
-        ref = _Served(ref_client, reference_model or model)
-    vocab = _preflight(under_test, ref, mode, sampling, prompt_lists[0] if prompt_lists else [0])
+    limits = Limits(read_timeout=min(read_timeout, timeout), request_timeout=timeout, retries=retries)
 
+    def client(base_url: str) -> HttpClient:
+        return HttpClient(base_url, key_env=key_env, limits=limits, verify_tls=verify_tls,
+                          send_key_over_http=send_key_over_http)  # fmt: skip
+
+    under_test = _Served(client(url), model)
+    ref = _Served(client(reference_url), reference_model or model) if reference_url else None
     n_prompts = len(prompt_lists) if prompt_lists else TIER_PLANS[tier].num_prompts
     plan = plan_requests(tier=tier, mode=mode, num_prompts=n_prompts, num_samples=num_samples,
                          max_new_tokens=max_new_tokens, samples_per_request=samples_per_request,
                          batch_invariance=batch_invariance)  # fmt: skip
-    if announce is not None:
-        announce(plan.summary())
     header = {
         **_describe(under_test, ref, mode, sampling),
         "tier": tier,
@@ -356,35 +420,27 @@ def check_endpoint(
         **({} if check_determinism else {"check_determinism": False}),
     }
     scratch = tempfile.TemporaryDirectory() if out_dir is None else None
-    store = SampleStore(out_dir if out_dir is not None else scratch.name, header)  # type: ignore[union-attr]
-    target_side = ref or under_test
-    clients = {"decoder": under_test.client, "reference": target_side.client, "target": target_side.client}
-    fetcher = Fetcher(clients, store, concurrency=concurrency, progress=progress)
-    decoder = EndpointDecoder(fetcher, model, sampling, samples_per_request=samples_per_request, vocab_size=vocab,
-                              label=under_test.label, repeat_from_store=not check_determinism)  # fmt: skip
-    target = EndpointTarget(fetcher, target_side.model, sampling, vocab_size=vocab) if mode == "exact" else None
-    reference = None
-    if mode == "two_sample":
-        reference = EndpointDecoder(fetcher, target_side.model, sampling, role="reference",
-                                    samples_per_request=samples_per_request, label=target_side.label)  # fmt: skip
     try:
-        report = check_decoder(
-            decoder,
-            target,
-            reference=reference,
-            tier=tier,
-            seed=seed,
-            alpha=alpha,
-            prompts=prompt_lists,
-            greedy=True if temperature == 0 and target is not None else None,
-            num_samples=num_samples,
-            max_new_tokens=max_new_tokens,
-        )
-        invariance = None
-        if batch_invariance and report.verdict != "error":
-            report, invariance = _with_batch_invariance(
-                report, fetcher, model, sampling, batch_invariance, tier=tier, seed=seed, alpha=alpha, vocab=vocab
-            )
+        # the store first: its lock refuses a second audit of the same --out before anything is sent
+        with SampleStore(out_dir if out_dir is not None else scratch.name, header) as store:  # type: ignore[union-attr]
+            vocab = _preflight(under_test, ref, mode, sampling, prompt_lists[0] if prompt_lists else [0])
+            if announce is not None:
+                announce(plan.summary())
+            target_side = ref or under_test
+            clients = {"decoder": under_test.client, "reference": target_side.client, "target": target_side.client}
+            fetcher = Fetcher(clients, store, concurrency=concurrency, progress=progress)
+            try:
+                report, target, invariance = _run_battery(
+                    fetcher, under_test, target_side, mode, sampling, vocab, prompt_lists,
+                    tier=tier, seed=seed, alpha=alpha, num_samples=num_samples, max_new_tokens=max_new_tokens,
+                    samples_per_request=samples_per_request, check_determinism=check_determinism,
+                    batch_invariance=batch_invariance, greedy=temperature == 0,
+                )  # fmt: skip
+            except BaseException:
+                fetcher.abort()
+                raise
+            if fetcher.failure is not None:  # the server failed for good: no verdict on what was collected
+                raise fetcher.failure
     finally:
         if scratch is not None:
             scratch.cleanup()

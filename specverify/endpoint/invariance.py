@@ -32,10 +32,10 @@ SCENARIO = "batch_invariance"
 _DISTRACTOR_SAMPLES = 4
 
 
-def _sampling_requests(model, sampling, prompt, seeds, max_new_tokens, composition, occurrence=0, n=1):
+def _sampling_requests(model, sampling, prompt, seeds, max_new_tokens, composition, occurrence=0, n=1, vocab_size=None):
     return [
         sampling_request("decoder", model, sampling, prompt, n=n, max_tokens=max_new_tokens, seed=s,
-                         occurrence=occurrence, extra={"composition": composition})
+                         occurrence=occurrence, extra={"composition": composition}, vocab_size=vocab_size)
         for s in seeds
     ]  # fmt: skip
 
@@ -65,17 +65,19 @@ def batch_invariance(
     base_alone, base_crowd = derive_seed(seed, 6, 0), derive_seed(seed, 7, 0)
     alone_seeds = [(base_alone + j) % SEED_MODULUS for j in range(samples)]
     crowd_seeds = [(base_crowd + j) % SEED_MODULUS for j in range(samples)]
-    alone = _sampling_requests(model, sampling, prompt, alone_seeds, max_new_tokens, "alone")
+    alone = _sampling_requests(model, sampling, prompt, alone_seeds, max_new_tokens, "alone", vocab_size=vocab_size)
     alone_tokens = _tokens(fetcher.fetch(alone, what="alone", concurrency=1))  # (M, L)
 
     pool = others or [prompt]
     distractors = [
         _sampling_requests(model, sampling, pool[j % len(pool)], [derive_seed(seed, 8, j) % SEED_MODULUS],
-                           max_new_tokens, "distractor", n=_DISTRACTOR_SAMPLES)[0]
+                           max_new_tokens, "distractor", n=_DISTRACTOR_SAMPLES, vocab_size=vocab_size)[0]
         for j in range(2 * samples)
     ]  # fmt: skip
-    crowd = _sampling_requests(model, sampling, prompt, crowd_seeds, max_new_tokens, "crowd")
-    again = _sampling_requests(model, sampling, prompt, alone_seeds, max_new_tokens, "crowd", occurrence=1)
+    crowd = _sampling_requests(model, sampling, prompt, crowd_seeds, max_new_tokens, "crowd", vocab_size=vocab_size)
+    again = _sampling_requests(
+        model, sampling, prompt, alone_seeds, max_new_tokens, "crowd", occurrence=1, vocab_size=vocab_size
+    )
     mixed = [r for pair in zip(crowd + again, distractors) for r in pair]
     replies = fetcher.fetch(mixed, what="in a crowd")
     by_key = {r.key: reply for r, reply in zip(mixed, replies)}

@@ -14,17 +14,24 @@ speculative decoding with its early-exit drafter (K = 4) by default, plain sampl
 with ``--no-speculation``, or a catalogued decoder mutant (``specverify.mutants``) with
 ``--mutant``.  ``--flaky N`` answers every N-th completion request with HTTP 503 (to exercise a
 client's retries); ``--batch-dependent`` plants a batch-composition fault (a request handled
-while another is in flight is sampled at temperature 1).  The first line printed is ``serving http://127.0.0.1:PORT/v1 model NAME``.
+while another is in flight is sampled at temperature 1).  ``--misbehave KIND`` (after
+``--misbehave-after N`` good replies) plays a hostile server's misbehaviour of
+:mod:`specverify.endpoint.hostile`, as does any request to ``/hostile/KIND/N/RUN/v1/...``;
+``--tls-cert FILE --tls-key FILE`` serves https.  The first line printed is
+``serving http(s)://127.0.0.1:PORT/v1 model NAME``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import secrets
+import ssl
 import sys
 import threading
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
@@ -34,6 +41,7 @@ from reference.direct import DirectSampler
 from reference.models import make_pair
 from reference.processors import SamplingConfig
 from specverify.core.errors import SpecVerifyError
+from specverify.endpoint.hostile import MISBEHAVIOURS, gzip_bomb, play, redirect_listing, targets
 from specverify.mutants.decoder import make_decoder_mutant
 
 __all__ = ["CompletionServer", "make_server", "main"]
@@ -54,6 +62,8 @@ class CompletionServer:
         max_logprobs: int = 20,
         flaky: int = 0,
         batch_dependent: bool = False,
+        misbehave: str | None = None,
+        misbehave_after: int = 0,
     ):
         self.model_name = model_name
         self.target, self.drafter = make_pair(vocab_size=vocab_size, seed=seed)
@@ -62,6 +72,14 @@ class CompletionServer:
         self.max_logprobs = max_logprobs
         self.flaky = flaky
         self.batch_dependent = batch_dependent
+        if misbehave is not None and misbehave not in MISBEHAVIOURS:
+            raise ValueError(f"--misbehave must be one of {', '.join(MISBEHAVIOURS)}, got {misbehave!r}")
+        self.misbehave, self.misbehave_after = misbehave, int(misbehave_after)
+        self.spoiled: Counter = Counter()  # (kind, after, run) -> targeted requests seen
+        self.retried: Counter = Counter()  # (kind, after, run, request) -> times this request was spoiled
+        self.healed: set[str] = set()
+        self.seen: dict[str, list[str]] = {"origin": [], "collector": []}  # Authorization headers received
+        self.collector_url = ""
         self.in_flight = 0
         self._decoders: dict[SamplingConfig, object] = {}
         self._lock = threading.Lock()
@@ -87,6 +105,27 @@ class CompletionServer:
                     made = DirectSampler(self.target, sampling)
                 self._decoders[sampling] = made
             return self._decoders[sampling]
+
+    def misbehaviour(self, route: tuple | None, body: dict):
+        """The misbehaviour that answers ``body`` on ``route`` ((kind, after, run) or None), and its count."""
+        kind, after, run = route if route is not None else (self.misbehave, self.misbehave_after, "")
+        if kind is None or run in self.healed or not targets(MISBEHAVIOURS[kind], body):
+            return None, 0
+        with self._lock:
+            self.spoiled[(kind, after, run)] += 1
+            seen = self.spoiled[(kind, after, run)]
+            request = json.dumps(body, sort_keys=True)
+            if MISBEHAVIOURS[kind].klass == "transient" and hashlib.sha256(request.encode()).digest()[0] % 3:
+                return None, 0  # a transient fault spoils a third of the requests (by a hash of the body)
+            earlier = self.retried[(kind, after, run, request)]
+            if seen > after:
+                self.retried[(kind, after, run, request)] += 1
+        return (MISBEHAVIOURS[kind], earlier) if seen > after else (None, 0)
+
+    def record(self, where: str, authorization: str | None) -> None:
+        with self._lock:
+            if len(self.seen[where]) < 100_000:
+                self.seen[where].append(authorization or "")
 
     def should_fail(self) -> bool:
         with self._lock:
@@ -192,6 +231,14 @@ def _sampling(body: dict) -> SamplingConfig:
         raise _HttpError(400, str(error)) from None
 
 
+def _route(path: str) -> tuple[tuple | None, str]:
+    """``/hostile/KIND/N/RUN/v1/...`` -> ((KIND, N, RUN), "/v1/..."); any other path -> (None, path)."""
+    parts = path.split("/")
+    if len(parts) > 5 and parts[1] == "hostile" and parts[2] in MISBEHAVIOURS and parts[3].isdigit():
+        return (parts[2], int(parts[3]), parts[4]), "/" + "/".join(parts[5:])
+    return None, path
+
+
 def _handler(server: CompletionServer):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -211,15 +258,29 @@ def _handler(server: CompletionServer):
             self._reply(status, {"error": {"message": message, "type": "invalid_request_error", "code": status}})
 
         def do_GET(self):
-            if self.path.rstrip("/") == "/v1/models":
+            server.record("origin", self.headers.get("Authorization"))
+            if self.path == "/hostile/log":
+                self._reply(200, {"seen": server.seen, "collector": server.collector_url})
+                return
+            route, path = _route(self.path)
+            if route is not None and route[0] == "redirect" and route[1] == 0 and route[2] not in server.healed:
+                redirect_listing(self, server.collector_url)
+                return
+            if path.rstrip("/") == "/v1/models":
                 self._reply(200, {"object": "list", "data": [{"id": server.model_name, "object": "model"}]})
             else:
                 self._error(404, f"no route {self.path}")
 
         def do_POST(self):
+            server.record("origin", self.headers.get("Authorization"))
             length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length)
-            if self.path.rstrip("/") != "/v1/completions":
+            raw = self.rfile.read(min(length, 1 << 24))
+            if self.path.startswith("/hostile/heal/"):
+                server.healed.add(self.path.rsplit("/", 1)[-1])
+                self._reply(200, {"healed": self.path.rsplit("/", 1)[-1]})
+                return
+            route, path = _route(self.path)
+            if path.rstrip("/") != "/v1/completions":
                 self._error(404, f"no route {self.path}")
                 return
             if server.should_fail():
@@ -233,18 +294,64 @@ def _handler(server: CompletionServer):
                 self._error(400, "the request body is not a JSON object")
                 return
             try:
-                self._reply(200, server.complete(body))
+                reply = server.complete(body)
             except _HttpError as error:
                 self._error(error.status, str(error))
+                return
+            misbehaviour, count = server.misbehaviour(route, body)
+            if misbehaviour is None:
+                self._reply(200, reply)
+                return
+            play(self, misbehaviour, reply, count=count, collector=server.collector_url,
+                 authorization=self.headers.get("Authorization") or "", vocab_size=server.vocab_size)  # fmt: skip
 
     return Handler
 
 
-def make_server(port: int = 0, **options) -> tuple[ThreadingHTTPServer, CompletionServer]:
-    """An HTTP server on 127.0.0.1:``port`` (0: a free port) and the model behind it (not yet serving)."""
+def _collector(server: CompletionServer):
+    """Another origin (another port): it records the Authorization header of whatever reaches it."""
+
+    class Collector(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format, *args):
+            return
+
+        def _any(self):
+            server.record("collector", self.headers.get("Authorization"))
+            self.rfile.read(min(int(self.headers.get("Content-Length") or 0), 1 << 24))
+            data = b'{"error": {"message": "the collector answers nothing"}}'
+            self.send_response(404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = _any
+
+    return Collector
+
+
+def make_server(
+    port: int = 0, *, tls_cert: str | None = None, tls_key: str | None = None, **options
+) -> tuple[ThreadingHTTPServer, CompletionServer]:
+    """An HTTP(S) server on 127.0.0.1:``port`` (0: a free port) and the model behind it (not yet serving).
+
+    A second origin, the collector of :mod:`specverify.endpoint.hostile`, serves on another port
+    from a daemon thread.
+    """
     model = CompletionServer(**options)
     httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler(model))
     httpd.daemon_threads = True
+    if tls_cert:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(tls_cert, tls_key)
+        httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    collector = ThreadingHTTPServer(("127.0.0.1", 0), _collector(model))
+    collector.daemon_threads = True
+    model.collector_url = f"http://127.0.0.1:{collector.server_address[1]}"
+    threading.Thread(target=collector.serve_forever, name="collector", daemon=True).start()
+    threading.Thread(target=gzip_bomb, name="bomb", daemon=True).start()  # ready before anyone asks for it
     return httpd, model
 
 
@@ -261,6 +368,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mutant", help="a decoder mutant of specverify.mutants (e.g. target_unprocessed)")
     parser.add_argument("--max-logprobs", type=int, default=20, help="-1: the whole vocabulary (as vLLM's flag)")
     parser.add_argument("--flaky", type=int, default=0, metavar="N", help="answer every N-th completion with 503")
+    parser.add_argument(
+        "--misbehave",
+        choices=sorted(MISBEHAVIOURS),
+        metavar="KIND",
+        help="answer completions as a hostile server (specverify.endpoint.hostile): " + ", ".join(MISBEHAVIOURS),
+    )
+    parser.add_argument("--misbehave-after", type=int, default=0, metavar="N", help="good replies before it starts")
+    parser.add_argument("--tls-cert", metavar="FILE", help="serve https with this certificate (PEM)")
+    parser.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
     parser.add_argument(
         "--batch-dependent",
         action="store_true",
@@ -279,9 +395,14 @@ def main(argv: list[str] | None = None) -> int:
         max_logprobs=args.max_logprobs,
         flaky=args.flaky,
         batch_dependent=args.batch_dependent,
+        misbehave=args.misbehave,
+        misbehave_after=args.misbehave_after,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
     )
     host, port = str(httpd.server_address[0]), int(httpd.server_address[1])
-    print(f"serving http://{host}:{port}/v1 model {args.model_name}: {model.describe()}", flush=True)
+    scheme = "https" if args.tls_cert else "http"
+    print(f"serving {scheme}://{host}:{port}/v1 model {args.model_name}: {model.describe()}", flush=True)
     try:
         httpd.serve_forever()
     except KeyboardInterrupt:

@@ -1,11 +1,17 @@
-"""Sending an audit's requests: concurrent, through the sample store, with progress.
+"""Sending an audit's requests: concurrent, through the sample store, abandoned at once when the audit stops.
 
 :class:`Fetcher` takes a batch of :class:`Request` s, answers those the store already holds
-from the store, sends the rest concurrently (an ``asyncio`` loop, at most ``concurrency``
-requests in flight, each a blocking :class:`~specverify.endpoint.http.HttpClient` call on a
-worker thread), parses and stores each reply as it arrives, and returns the replies in the
-batch's order.  If a request fails for good, the requests in flight are cancelled and the
-error is raised; every reply already stored stays stored.
+from the store (after checking that each stored reply has the form its request asks for), sends
+the rest on at most ``concurrency`` worker threads (each a blocking
+:class:`~specverify.endpoint.http.HttpClient` call; the reply is parsed and stored on the worker
+as it arrives), and returns the replies in the batch's order.
+
+When a request fails for good, or the audit is interrupted (``KeyboardInterrupt``), every
+request in flight is abandoned: the clients shut their sockets down, the workers (daemon
+threads) end within a guard tick, and the error is raised; every reply already stored stays
+stored.  The first :class:`~specverify.endpoint.http.EndpointError` is kept (``failure``): every
+later :meth:`Fetcher.fetch` raises it again without sending anything, so a battery that catches
+it cannot go on talking to a server the audit has given up on.
 
 It also keeps the audit's ledger: requests sent and answered from the store, tokens received,
 the wall time spent waiting on the server and the time spent on everything else (the client's
@@ -14,14 +20,15 @@ own overhead, reported).
 
 from __future__ import annotations
 
-import asyncio
+import queue
 import sys
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from specverify.endpoint.http import EndpointError
 from specverify.endpoint.store import SampleStore, request_key
 
 __all__ = ["Request", "Fetcher", "Ledger", "TerminalProgress"]
@@ -33,7 +40,9 @@ class Request:
 
     ``occurrence`` tells apart a request repeated on purpose (the same body sent again);
     ``extra`` is what else determines the stored reply (e.g. which logprob rows are kept);
-    ``tokens`` is how many tokens the reply brings (for progress).
+    ``tokens`` is how many tokens the reply brings (for progress); ``max_bytes`` the most its
+    reply may hold; ``check(stored)`` whether a reply read back from the store has the form
+    ``parse`` gives (None: not checked).
     """
 
     role: str
@@ -42,6 +51,8 @@ class Request:
     occurrence: int = 0
     extra: dict = field(default_factory=dict)
     tokens: int = 0
+    max_bytes: int = 64 << 20
+    check: Callable[[Any], bool] | None = field(default=None, compare=False, repr=False)
 
     @property
     def key(self) -> str:
@@ -126,58 +137,126 @@ class Fetcher:
         self.concurrency = int(concurrency)
         self.progress = progress
         self.ledger = Ledger()
+        self.failure: EndpointError | None = None
+        self._in_flight = 0
+        self._busy_since = 0.0
+        self._lock = threading.Lock()
 
     def fetch(self, requests: list[Request], what: str = "requests", *, concurrency: int | None = None) -> list:
         """The parsed replies of ``requests``, in order (stored ones from the store).
 
         ``concurrency`` overrides the fetcher's for this batch (1: one request in flight at a time).
         """
+        if self.failure is not None:
+            raise self.failure
         started = time.perf_counter()
         try:
-            pending = {r.key: r for r in requests if r.key not in self.store}
+            pending: dict[str, Request] = {}
+            for r in requests:
+                key = r.key
+                if key in self.store:
+                    self._check_stored(r, key)
+                elif key not in pending:
+                    pending[key] = r
             self.ledger.from_store += len(requests) - len(pending)
             if pending:
-                asyncio.run(self._send(list(pending.values()), what, concurrency or self.concurrency))
+                self._send(list(pending.values()), what, concurrency or self.concurrency)
             return [self.store.get(r.key) for r in requests]
+        except EndpointError as error:
+            self.failure = error
+            raise
         finally:
             self.ledger.wall_seconds += time.perf_counter() - started
             self.ledger.retried = sum(c.retried for c in set(self.clients.values()))  # a client may serve two roles
 
-    async def _send(self, pending: list[Request], what: str, concurrency: int) -> None:
-        loop = asyncio.get_running_loop()
-        semaphore = asyncio.Semaphore(concurrency)
-        in_flight = 0
-        busy_since = 0.0
-        done = tokens = 0
+    def abort(self) -> None:
+        """Abandon every request in flight (each client's sockets are shut down) and refuse new ones."""
+        for client in set(self.clients.values()):
+            client.abort()
+
+    def _check_stored(self, request: Request, key: str) -> None:
+        if request.check is None or self.store.roles.get(key) != request.role:
+            if self.store.roles.get(key) not in (None, request.role):
+                raise EndpointError(f"{self.store.path}: the stored reply {key} belongs to another role")
+            return
+        try:
+            good = bool(request.check(self.store.get(key)))
+        except Exception:
+            good = False
+        if not good:
+            raise EndpointError(
+                f"{self.store.path}: the stored reply {key} is not of the form its request asks for "
+                "(the store was edited); use another --out"
+            )
+
+    def _send(self, pending: list[Request], what: str, concurrency: int) -> None:
+        work: queue.SimpleQueue = queue.SimpleQueue()
+        for request in pending:
+            work.put(request)
+        results: queue.SimpleQueue = queue.SimpleQueue()
+        stop = threading.Event()
+        workers = [
+            threading.Thread(target=self._worker, args=(work, results, stop), name=f"specverify-http-{i}", daemon=True)
+            for i in range(min(concurrency, len(pending)))
+        ]
         t0 = time.perf_counter()
-
-        async def one(request: Request) -> None:
-            nonlocal in_flight, busy_since, done, tokens
-            async with semaphore:
-                if in_flight == 0:
-                    busy_since = time.perf_counter()
-                in_flight += 1
+        done = tokens = 0
+        finished = False
+        for worker in workers:
+            worker.start()
+        try:
+            while done < len(pending):
                 try:
-                    client = self.clients[request.role]
-                    reply = await loop.run_in_executor(pool, client.post, "completions", request.body)
-                finally:
-                    in_flight -= 1
-                    if in_flight == 0:
-                        self.ledger.server_seconds += time.perf_counter() - busy_since
-            parsed = request.parse(reply)
-            self.store.add(request.key, request.role, request.record, parsed)
-            self.ledger.sent[request.role] = self.ledger.sent.get(request.role, 0) + 1
-            self.ledger.tokens += request.tokens
-            done, tokens = done + 1, tokens + request.tokens
-            if self.progress is not None:
-                self.progress(done, len(pending), tokens, time.perf_counter() - t0, what)
+                    request, error = results.get(timeout=0.25)
+                except queue.Empty:
+                    if not any(w.is_alive() for w in workers) and results.empty():
+                        raise EndpointError("every worker stopped before its requests were answered") from None
+                    continue
+                if error is not None:
+                    raise error
+                done += 1
+                tokens += request.tokens
+                self.ledger.sent[request.role] = self.ledger.sent.get(request.role, 0) + 1
+                self.ledger.tokens += request.tokens
+                if self.progress is not None:
+                    self.progress(done, len(pending), tokens, time.perf_counter() - t0, what)
+            finished = True
+        finally:
+            stop.set()
+            if not finished:
+                self.abort()
+            deadline = time.monotonic() + 2.0
+            for worker in workers:
+                worker.join(timeout=max(deadline - time.monotonic(), 0.0))
 
-        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="specverify-http") as pool:
-            tasks = [asyncio.ensure_future(one(r)) for r in pending]
+    def _worker(self, work: queue.SimpleQueue, results: queue.SimpleQueue, stop: threading.Event) -> None:
+        while not stop.is_set():
             try:
-                await asyncio.gather(*tasks)
-            except BaseException:
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                raise
+                request = work.get_nowait()
+            except queue.Empty:
+                return
+            self._enter()
+            try:
+                client = self.clients[request.role]
+                reply = client.post("completions", request.body, max_bytes=request.max_bytes)
+                parsed = request.parse(reply)
+                del reply
+                self.store.add(request.key, request.role, request.record, parsed)
+            except BaseException as error:  # handed to the caller's thread, which raises it
+                results.put((request, error))
+                return
+            finally:
+                self._leave()
+            results.put((request, None))
+
+    def _enter(self) -> None:
+        with self._lock:
+            if self._in_flight == 0:
+                self._busy_since = time.perf_counter()
+            self._in_flight += 1
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self.ledger.server_seconds += time.perf_counter() - self._busy_since

@@ -28,12 +28,16 @@ import torch
 
 from specverify.core.errors import InvalidArgument
 from specverify.endpoint.api import (
+    LOGPROB_POSITIVE_TOL,
+    MAX_VOCAB,
     Sampling,
     completion_body,
     continuations,
     processed_laws,
     prompt_logprob_rows,
+    sampling_reply_bytes,
     teacher_forcing_body,
+    teacher_forcing_reply_bytes,
 )
 from specverify.endpoint.pool import Fetcher, Request
 
@@ -104,7 +108,7 @@ class EndpointDecoder:
             requests.append(
                 sampling_request(self.role, self.model, self.sampling, ids, n=min(n, num_samples - j * n),
                                  max_tokens=max_new_tokens, seed=request_seed, occurrence=occurrence,
-                                 extra={} if self.seeded else {"index": j})
+                                 extra={} if self.seeded else {"index": j}, vocab_size=getattr(self, "vocab_size", None))
             )  # fmt: skip
         replies = self.fetcher.fetch(requests, what=f"{self.role} samples")
         rows = [row for reply in replies for row in reply]
@@ -112,14 +116,25 @@ class EndpointDecoder:
 
 
 def sampling_request(role: str, model: str, sampling: Sampling, prompt: list[int], *, n: int, max_tokens: int,
-                     seed: int | None, occurrence: int = 0, extra: dict | None = None) -> Request:  # fmt: skip
+                     seed: int | None, occurrence: int = 0, extra: dict | None = None,
+                     vocab_size: int | None = None) -> Request:  # fmt: skip
     """The request for ``n`` continuations of ``prompt``; its reply is read as their token ids."""
+    upper = MAX_VOCAB if vocab_size is None else int(vocab_size)
 
     def parse(reply):
-        return continuations(reply, n=n, max_tokens=max_tokens)
+        return continuations(reply, n=n, max_tokens=max_tokens, vocab_size=vocab_size)
+
+    def check(stored) -> bool:
+        return (
+            isinstance(stored, list)
+            and len(stored) == n
+            and all(isinstance(row, list) and len(row) == max_tokens for row in stored)
+            and all(type(t) is int and 0 <= t < upper for row in stored for t in row)
+        )
 
     body = completion_body(model, prompt, n=n, max_tokens=max_tokens, sampling=sampling, seed=seed)
-    return Request(role, body, parse=parse, occurrence=occurrence, extra=extra or {}, tokens=n * max_tokens)
+    return Request(role, body, parse=parse, occurrence=occurrence, extra=extra or {}, tokens=n * max_tokens,
+                   max_bytes=sampling_reply_bytes(n, max_tokens), check=check)  # fmt: skip
 
 
 def _kept_rows(sequence: list[int], keep: list[int], vocab_size: int | None):
@@ -128,6 +143,17 @@ def _kept_rows(sequence: list[int], keep: list[int], vocab_size: int | None):
         return [rows[m - 1].tolist() for m in keep]
 
     return parse
+
+
+def _rows_check(count: int, vocab_size: int | None):
+    def check(stored) -> bool:
+        if not isinstance(stored, list) or len(stored) != count:
+            return False
+        rows = [np.asarray(row, dtype=np.float64) for row in stored]
+        V = vocab_size if vocab_size is not None else rows[0].shape[-1]
+        return all(r.shape == (V,) and not np.isnan(r).any() and bool((r <= LOGPROB_POSITIVE_TOL).all()) for r in rows)
+
+    return check
 
 
 class EndpointTarget:
@@ -176,6 +202,8 @@ class EndpointTarget:
                     parse=_kept_rows(sequence, keep, self.vocab_size),
                     extra={"keep": keep},
                     tokens=len(sequence),
+                    max_bytes=teacher_forcing_reply_bytes(len(sequence), self.vocab_size),
+                    check=_rows_check(len(keep), self.vocab_size),
                 )
             )
             plans.append((leaf, keep))
