@@ -27,6 +27,7 @@ class Server:
             self.process.kill()
             raise RuntimeError(f"the local server did not start: {line!r} {self.process.stderr.read()}")
         self.url = line.split()[1]
+        self.banner = line.strip()
         self.root = self.url[: -len("/v1")]
 
     def hostile(self, kind: str, after: int = 0, run: str = "0") -> str:

@@ -101,6 +101,25 @@ def test_the_reference_server_passes_two_sample(servers, tmp_path):
 def test_a_mutant_server_fails(servers, tmp_path, mutant, sampling):
     report = check_endpoint(servers[mutant].url, "tiny-reference", out_dir=tmp_path, **sampling, **SMALL)
     assert report.verdict == "fail", report.summary()
+    assert report.extra["endpoint"]["declared_fault"]["reachable"] is True
+
+
+def test_a_mutant_server_says_which_options_show_its_fault_and_the_audit_warns_when_it_cannot(
+    servers, capsys, tmp_path
+):
+    """target_unprocessed is wrong only at T != 1: its start-up line says so, and an audit at T = 1 warns."""
+    server = Server("--max-logprobs", "-1", "--mutant", "target_unprocessed")
+    try:
+        status = main(["audit", "--endpoint", server.url, "--model", "tiny-reference", *SMALL_ARGS,
+                       "--num-samples", "200", "--out", str(tmp_path), "--no-plots"])  # fmt: skip
+    finally:
+        server.close()
+    assert "its fault shows with a temperature other than 1" in server.banner and "--temperature 0.7" in server.banner
+    err = capsys.readouterr().err
+    assert status == 0  # the law at T = 1 is right: the audit passes, and says why that proves nothing here
+    warning = next(line for line in err.splitlines() if line.startswith("warning: "))
+    assert "mutant target_unprocessed" in warning and "cannot reach it" in warning and "--temperature 0.7" in warning
+    assert "Warning: the server declares a planted fault" in (tmp_path / "report.md").read_text()
 
 
 @pytest.mark.slow
@@ -295,6 +314,30 @@ def test_a_named_key_variable_that_is_unset_or_empty_is_a_usage_error(capsys, tm
     assert len(err.splitlines()) == 1 and "$NOT_SET_XYZ" in err
     assert ("not set" if value is None else "empty") in err
     assert stub.headers == []  # before any request
+
+
+def test_progress_counts_the_whole_run_with_an_eta(servers, capsys, tmp_path):
+    """Every progress line: requests done in the run of the plan's upper bound, tokens, time, ETA; the batch last."""
+    import re
+
+    status = main(["audit", "--endpoint", servers["speculative"].url, "--model", "tiny-reference", *SMALL_ARGS,
+                   "--num-samples", "200", "--out", str(tmp_path), "--no-plots", "--json"])  # fmt: skip
+    assert status == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)["extra"]["endpoint"]
+    pattern = re.compile(
+        r"\[[#-]{24}\] ([\d,]+) of at most ([\d,]+) requests, [\d,]+ tokens, \d+ s(, ETA at most \d+ (s|min))? \(.+ \d+/\d+\)$"
+    )
+    lines = [line for line in captured.err.splitlines() if line.startswith("[")]
+    matches = [pattern.match(line) for line in lines]
+    assert lines and all(matches), lines
+    done = [int(m.group(1).replace(",", "")) for m in matches]
+    planned = {int(m.group(2).replace(",", "")) for m in matches}
+    assert done == sorted(done) and planned == {
+        report["plan"]["sampling_requests"] + report["plan"]["teacher_forcing_requests"]
+    }
+    assert done[-1] == sum(report["requests_sent"].values()) + report["requests_from_store"]
+    assert any(m.group(3) for m in matches)  # an ETA once a rate is known
 
 
 # ----------------------------------------------------------------------------------- parts

@@ -241,3 +241,45 @@ def test_the_report_loader_loads_a_report_or_refuses_in_one_error(tmp_path_facto
         report.summary()
         render_markdown(report)
         render_html(report, plots=False)
+
+
+#: The names the report's renderers look up in ``extra``, a scenario or a test's ``details``.
+RENDERED_KEYS = ("acceptance accepted bin_tokens ci_high ci_level ci_low client_overhead_fraction culprit determinism "
+                 "draft_cost drafted endpoint error exact expected expected_rate failed_tests k latency length_counts "
+                 "length_probs mde_shared_fraction mean_accepted mean_accepted_ci memo message mode model_note "
+                 "model_params n name note observed observed_rate position positions protocol reference_url "
+                 "requests_sent rounds sampling speedup speedups target_pass_seconds teacher_forcing_requests tokens "
+                 "tokens_per_bin tolerance top_k top_p total url vocab_size diagnosis efficiency batch_invariance "
+                 "retried waiting_seconds client_overhead_seconds laws_per_request distinct_prefix_laws laws_asked "
+                 "temperature requests_from_store requests_in_store_at_start tokens_received").split()  # fmt: skip
+section_values = st.recursive(
+    scalars,
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.sampled_from(RENDERED_KEYS), children, max_size=6)
+    ),
+    max_leaves=30,
+)
+
+
+@FUZZ
+@given(extra=st.dictionaries(st.sampled_from(["endpoint", "acceptance", "diagnosis", "efficiency", "mode"]),
+                             section_values, max_size=3),
+       details=st.dictionaries(st.sampled_from(RENDERED_KEYS), section_values, max_size=5),
+       scenario=st.dictionaries(st.sampled_from(RENDERED_KEYS), section_values, max_size=5))  # fmt: skip
+def test_a_loaded_report_renders_whatever_its_sections_hold(report_dict, extra, details, scenario):
+    from specverify.core.results import Report
+    from specverify.report import render_html, render_markdown, terminal_summary
+
+    data = json.loads(json.dumps(report_dict))
+    data["extra"] = extra
+    data["results"][0]["details"] = details
+    data["results"][0]["grade"] = "fail"
+    data["scenarios"] = [{**scenario, "name": "s"}]
+    try:
+        report = Report.from_dict(json.loads(json.dumps(data, default=str)))
+    except InvalidArgument:
+        return
+    report.summary()
+    terminal_summary(report)
+    render_markdown(report)
+    render_html(report, plots=False)

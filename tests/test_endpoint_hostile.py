@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -278,3 +280,51 @@ def test_the_threat_model_lists_every_misbehaviour():
     assert "## Threat model" in text
     for m in MISBEHAVIOURS.values():
         assert f"| {m.klass} | `{m.name}` | {m.what} |" in text, m.name
+
+
+# ----------------------------------------------------------------------------------- Ctrl-C
+def _interrupt(command: list[str], ready) -> tuple[subprocess.CompletedProcess, float]:
+    """Start ``command``, send SIGINT once ``ready()`` holds; its outcome and how long it took to exit."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started = time.monotonic()
+    while not ready() and process.poll() is None and time.monotonic() - started < 60:
+        time.sleep(0.02)
+    assert process.poll() is None, process.communicate()
+    sent = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=30)
+    return subprocess.CompletedProcess(command, process.returncode, out, err), time.monotonic() - sent
+
+
+def _stored(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+@pytest.mark.parametrize("where", ["between requests", "inside a slow reply"])
+def test_ctrl_c_is_one_line_exit_130_and_the_same_command_resumes(hostile, clean, tmp_path, where):
+    """SIGINT ends the audit within 2 s, requests in flight abandoned (even a reply still dripping in)."""
+    out = tmp_path / "out"
+    url = hostile.url if where == "between requests" else hostile.hostile("drip", 6, run=f"int-{tmp_path.name}")
+    command = [sys.executable, "-m", "specverify", "audit", "--endpoint", url, "--model", "tiny-reference", *FAST,
+               "--request-timeout", "60", "--read-timeout", "30", "--out", str(out)]  # fmt: skip
+    store = out / STORE_NAME
+    if where == "between requests":
+        interrupted, seconds = _interrupt(command, lambda: _stored(store) >= 12)
+    else:  # the header and four replies stored (the two probes are not): the next reply is dripping in
+        interrupted, seconds = _interrupt(command, lambda: _stored(store) >= 5 and time.sleep(1.0) is None)
+    assert interrupted.returncode == 130, interrupted.stderr[-2000:]
+    assert seconds < 2.0, seconds
+    said = [line for line in interrupted.stderr.splitlines() if not line.startswith(("[", "will send"))]
+    stored = len(read_store(store).records)
+    assert said == [f"specverify: interrupted: {stored:,} of at most {said[0].split('at most ')[1].split()[0]} "
+                    f"requests stored in {out}; the same command resumes"], said  # fmt: skip
+    if where == "inside a slow reply":
+        hostile.heal(f"int-{tmp_path.name}")
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    plan = next(line for line in resumed.stderr.splitlines() if line.startswith("will send"))
+    assert f"{stored:,} replies already stored (resumed)" in plan
+    assert _statistics(json.loads((out / "report.json").read_text())) == clean

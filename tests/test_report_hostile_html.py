@@ -29,7 +29,9 @@ from specverify.report import render_html, render_markdown, write_report
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 #: CI installs Chromium and sets this: there the browser tests fail rather than skip without it.
 REQUIRED = os.environ.get("SPECVERIFY_REQUIRE_BROWSER") == "1"
-browser = pytest.mark.skipif(CHROMIUM is None and not REQUIRED, reason="needs Chromium (Debian: apt-get install chromium)")
+browser = pytest.mark.skipif(
+    CHROMIUM is None and not REQUIRED, reason="needs Chromium (Debian: apt-get install chromium)"
+)
 SERVED = Path(__file__).resolve().parents[1] / "reports" / "vllm" / "served"
 #: A failing audit (test tables, counterexample) and one that could not test the server (its errors).
 SOURCES = {

@@ -45,6 +45,7 @@ from specverify.core.loading import put_on_import_path
 from specverify.core.version import __version__
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process stopped by Ctrl-C
 TIERS = ("smoke", "standard", "deep")
 
 
@@ -334,7 +335,9 @@ def _print_error(error: BaseException, debug: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the ``specverify`` command line; return its exit status (0 pass, 1 fail, 2 usage or broken implementation).
 
-    Errors are one line on stderr; ``audit --debug`` adds the traceback of what raised.
+    Errors are one line on stderr; ``audit --debug`` adds the traceback of what raised.  Ctrl-C is one
+    line too (an endpoint audit says how many replies it stored and that the same command resumes),
+    exit 130.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -356,6 +359,10 @@ def main(argv: list[str] | None = None) -> int:
             from specverify.cli.demo import main as demo_main
 
             return demo_main()
+    except KeyboardInterrupt as stop:  # Ctrl-C: one line, the shell's 128 + SIGINT
+        line = stop.line() if callable(getattr(stop, "line", None)) else "interrupted"
+        print(f"specverify: {line}", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     except SpecVerifyError as error:
         _print_error(error, debug)
         return EXIT_USAGE

@@ -147,11 +147,26 @@ def endpoint_command(args) -> str:
 def run_endpoint_audit(args, *, stream=None):
     """Run the endpoint audit of parsed ``audit`` arguments; the Report (its ``command`` the canonical line)."""
     _check(args)
-    from specverify.endpoint.checks import check_endpoint
     from specverify.endpoint.pool import TerminalProgress
 
     stream = stream if stream is not None else sys.stderr
-    report = check_endpoint(
+    progress = TerminalProgress(stream)
+
+    def announce(line: str) -> None:
+        progress.close_line()
+        print(line, file=stream, flush=True)
+
+    try:
+        report = _check_endpoint(args, progress, announce)
+    finally:
+        progress.close_line()  # an error or an interruption is printed on a line of its own
+    return dataclasses.replace(report, command=endpoint_command(args))
+
+
+def _check_endpoint(args, progress, announce):
+    from specverify.endpoint.checks import check_endpoint
+
+    return check_endpoint(
         args.endpoint,
         args.model,
         reference_url=args.reference_endpoint,
@@ -176,7 +191,6 @@ def run_endpoint_audit(args, *, stream=None):
         send_key_over_http=args.send_key_over_http,
         batch_invariance=args.batch_invariance or 0,
         check_determinism=not args.skip_determinism,
-        progress=TerminalProgress(stream),
-        announce=lambda line: print(line, file=stream, flush=True),
+        progress=progress,
+        announce=announce,
     )
-    return dataclasses.replace(report, command=endpoint_command(args))

@@ -25,6 +25,7 @@ _FLOAT_WORDS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "infinity":
 def _where(field: str, value: Any, wanted: str) -> InvalidArgument:
     shown = repr(value)
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    field = "".join(c if c.isprintable() else "?" for c in field[:80])  # a key may hold anything
     return InvalidArgument(f"report field {field} must be {wanted}, got {shown}")
 
 

@@ -49,8 +49,9 @@ from specverify.endpoint.invariance import batch_invariance as batch_invariance_
 from specverify.endpoint.pool import Fetcher
 from specverify.endpoint.store import SampleStore
 from specverify.endpoint.subjects import EndpointDecoder, EndpointTarget
+from specverify.mutants.decoder import VISIBILITY
 
-__all__ = ["check_endpoint", "EndpointPlan", "plan_requests", "TOLERANCE_NOTE"]
+__all__ = ["check_endpoint", "EndpointPlan", "AuditInterrupted", "declared_fault", "plan_requests", "TOLERANCE_NOTE"]
 
 #: What the report says about the float tolerance between the server's logprobs and its sampler.
 TOLERANCE_NOTE = (
@@ -75,7 +76,14 @@ class EndpointPlan:
     tokens: int
     invariance_requests: int = 0
 
-    def summary(self) -> str:
+    @property
+    def requests(self) -> int:
+        """Every request the plan may send (an upper bound: teacher forcing asks each distinct prefix once)."""
+        return (
+            self.sampling_requests + self.reference_requests + self.teacher_forcing_requests + self.invariance_requests
+        )
+
+    def summary(self, stored: int = 0) -> str:
         parts = [f"{self.sampling_requests:,} sampling requests"]
         if self.reference_requests:
             parts.append(f"{self.reference_requests:,} reference sampling requests")
@@ -85,9 +93,32 @@ class EndpointPlan:
             parts.append(
                 f"at most {self.teacher_forcing_requests:,} teacher-forcing requests (one per distinct prefix)"
             )
-        return (
+        line = (
             f"will send {', '.join(parts)}: {self.prompts} prompts x {self.samples:,} samples x "
             f"{self.max_new_tokens} new tokens, {self.tokens:,} sampled tokens"
+        )
+        if stored:
+            line += (
+                f"; {stored:,} replies already stored (resumed), at most {max(self.requests - stored, 0):,} "
+                "requests still to send"
+            )
+        return line
+
+
+class AuditInterrupted(KeyboardInterrupt):
+    """An endpoint audit stopped by the user (Ctrl-C): what was stored, of how much, and where."""
+
+    def __init__(self, stored: int, planned: int, store: str | None):
+        super().__init__(f"{stored} of at most {planned} requests stored")
+        self.stored, self.planned, self.store = stored, planned, store
+
+    def line(self) -> str:
+        """The one line the command prints."""
+        if self.store is None:
+            return "interrupted: nothing was kept (no --out: the replies were in a temporary store)"
+        return (
+            f"interrupted: {self.stored:,} of at most {self.planned:,} requests stored in "
+            f"{Path(self.store).parent}; the same command resumes"
         )
 
 
@@ -113,7 +144,8 @@ def plan_requests(*, tier: str, mode: str, num_prompts: int, num_samples: int | 
     return EndpointPlan(num_prompts, N, L, num_prompts * per, reference, teacher, tokens, invariance)
 
 
-def _served_models(client: HttpClient) -> list[str] | None:
+def _served_models(client: HttpClient) -> dict[str, dict] | None:
+    """The served models' entries by name (None when the server has no model listing)."""
     try:
         reply = client.get("models", retries=min(client.limits.retries, 2))  # first contact: fail fast
     except EndpointError as error:
@@ -123,15 +155,42 @@ def _served_models(client: HttpClient) -> list[str] | None:
     data = reply.get("data") if isinstance(reply, dict) else None
     if not isinstance(data, list):
         return None
-    return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+    return {m["id"]: m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)}
 
 
-def _check_model(client: HttpClient, model: str) -> None:
+def _check_model(client: HttpClient, model: str) -> dict:
+    """The served model's entry in the listing ({} when there is none); EndpointError when it is not served."""
     served = _served_models(client)
     if served is not None and model not in served:
-        shown = ", ".join(server_text(name, limit=80, secrets=client.secrets()) for name in served[:20])
-        more = f" and {len(served) - 20:,} more" if len(served) > 20 else ""
+        names = list(served)
+        shown = ", ".join(server_text(name, limit=80, secrets=client.secrets()) for name in names[:20])
+        more = f" and {len(names) - 20:,} more" if len(names) > 20 else ""
         raise EndpointError(f"{client.base_url} does not serve model {model!r}; it serves: {shown or '(none)'}{more}")
+    return served.get(model, {}) if served is not None else {}
+
+
+def declared_fault(entry: dict, sampling: Sampling) -> dict | None:
+    """A planted fault the served model declares (the local server's ``--mutant``), and whether ``sampling`` reaches it.
+
+    None when the model declares none, or one this catalogue does not know.
+    """
+    declared = entry.get("specverify") if isinstance(entry, dict) else None
+    name = declared.get("mutant") if isinstance(declared, dict) else None
+    if not isinstance(name, str) or name not in VISIBILITY:
+        return None
+    seen = VISIBILITY[name]
+    reachable = bool(seen.visible(sampling.config()))
+    note = (
+        f"the server declares a planted fault (mutant {name}) that shows with {seen.when}"
+        + (
+            "; this audit's options reach it"
+            if reachable
+            else "; this audit's options cannot reach it, so its verdict says nothing of that fault"
+        )
+        + (f" (audit with {' '.join(seen.audit_with)})" if not reachable and seen.audit_with else "")
+    )
+    return {"mutant": name, "shows_with": seen.when, "audit_with": list(seen.audit_with), "reachable": reachable,
+            "note": note}  # fmt: skip
 
 
 def _probe_sampling(client: HttpClient, model: str, sampling: Sampling, prompt: list[int]) -> None:
@@ -190,16 +249,17 @@ class _Served:
 
 def _preflight(
     under_test: _Served, ref: _Served | None, mode: str, sampling: Sampling, prompt: list[int]
-) -> int | None:
-    """Check the endpoints before anything is collected; the vocabulary size (exact mode)."""
-    for served in (under_test, ref):
-        if served is not None:
-            _check_model(served.client, served.model)
+) -> tuple[int | None, dict | None]:
+    """Check the endpoints before anything is collected; the vocabulary size (exact mode) and a declared fault."""
+    entry = _check_model(under_test.client, under_test.model)
+    if ref is not None:
+        _check_model(ref.client, ref.model)
+    declared = declared_fault(entry, sampling)
     _probe_sampling(under_test.client, under_test.model, sampling, prompt)
     if mode == "two_sample":
         assert ref is not None
         _probe_sampling(ref.client, ref.model, sampling, prompt)
-        return None
+        return None, declared
     target_side = ref or under_test
     vocab = _probe_vocab(target_side.client, target_side.model)
     if ref is not None:
@@ -212,7 +272,7 @@ def _preflight(
                 f"vocabulary size mismatch: {under_test.client.base_url} has {own} tokens, "
                 f"{ref.client.base_url} has {vocab}"
             )
-    return vocab
+    return vocab, declared
 
 
 def _describe(under_test: _Served, ref: _Served | None, mode: str, sampling: Sampling) -> dict:
@@ -367,9 +427,11 @@ def check_endpoint(
         answered from the store, so the law is tested on a server whose seeded outputs are not
         reproducible; the report says determinism was not checked.
     progress : callable, optional
-        ``progress(done, total, tokens, elapsed, what)`` as replies arrive.
+        ``progress(state)`` with a :class:`~specverify.endpoint.pool.FetchProgress` as replies
+        arrive: the batch, and the run's requests of the plan's upper bound, tokens, time, ETA.
     announce : callable, optional
-        Called with one line: the plan (requests, tokens) before anything is sent.
+        Called with one line: the plan (requests, tokens; on a resumed audit, the replies already
+        stored and how many requests remain at most) before anything is sent.
 
     Returns
     -------
@@ -384,7 +446,11 @@ def check_endpoint(
         Bad arguments.
     EndpointError
         An endpoint cannot be audited (unreachable, model not served, no token ids, capped
-        logprobs, vocabularies that differ, a reply that is not JSON).
+        logprobs, vocabularies that differ, a reply that is not JSON), or failed for good in the
+        middle of the run (what was stored stays stored: the same call resumes).
+    AuditInterrupted
+        Ctrl-C (a ``KeyboardInterrupt``): the requests in flight were abandoned; it says how
+        many replies are stored, of how many at most, and where.
     """
     started = time.perf_counter()
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
@@ -423,19 +489,25 @@ def check_endpoint(
     try:
         # the store first: its lock refuses a second audit of the same --out before anything is sent
         with SampleStore(out_dir if out_dir is not None else scratch.name, header) as store:  # type: ignore[union-attr]
-            vocab = _preflight(under_test, ref, mode, sampling, prompt_lists[0] if prompt_lists else [0])
-            if announce is not None:
-                announce(plan.summary())
             target_side = ref or under_test
             clients = {"decoder": under_test.client, "reference": target_side.client, "target": target_side.client}
-            fetcher = Fetcher(clients, store, concurrency=concurrency, progress=progress)
+            fetcher = Fetcher(clients, store, concurrency=concurrency, progress=progress, planned=plan.requests)
             try:
+                vocab, declared = _preflight(under_test, ref, mode, sampling, prompt_lists[0] if prompt_lists else [0])
+                if announce is not None:
+                    if declared is not None and not declared["reachable"]:
+                        announce("warning: " + declared["note"])
+                    announce(plan.summary(stored=store.loaded))
                 report, target, invariance = _run_battery(
                     fetcher, under_test, target_side, mode, sampling, vocab, prompt_lists,
                     tier=tier, seed=seed, alpha=alpha, num_samples=num_samples, max_new_tokens=max_new_tokens,
                     samples_per_request=samples_per_request, check_determinism=check_determinism,
                     batch_invariance=batch_invariance, greedy=temperature == 0,
                 )  # fmt: skip
+            except KeyboardInterrupt:
+                fetcher.abort()
+                kept = str(store.path) if out_dir is not None else None
+                raise AuditInterrupted(len(store.replies), plan.requests, kept) from None
             except BaseException:
                 fetcher.abort()
                 raise
@@ -453,6 +525,7 @@ def check_endpoint(
         "requests_in_store_at_start": store.loaded,
         "client_overhead_fraction": round(ledger["client_overhead_seconds"] / total, 4) if total > 0 else None,
         "memo": target.memo() if target is not None else None,
+        "declared_fault": declared,
         "batch_invariance": invariance,
         "determinism": "checked" if check_determinism else "not checked: repeated seeded calls answered from the store",
         "tolerance": TOLERANCE_NOTE if mode == "exact" else None,

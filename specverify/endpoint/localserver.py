@@ -42,7 +42,7 @@ from reference.models import make_pair
 from reference.processors import SamplingConfig
 from specverify.core.errors import SpecVerifyError
 from specverify.endpoint.hostile import MISBEHAVIOURS, gzip_bomb, play, redirect_listing, targets
-from specverify.mutants.decoder import make_decoder_mutant
+from specverify.mutants.decoder import VISIBILITY, fault_visibility, make_decoder_mutant
 
 __all__ = ["CompletionServer", "make_server", "main"]
 
@@ -91,7 +91,23 @@ class CompletionServer:
             if self.mutant
             else (f"speculative K={self.k}" if self.speculation else "no speculation")
         )
-        return f"{self.model_name} ({what}, V={self.vocab_size})"
+        line = f"{self.model_name} ({what}, V={self.vocab_size})"
+        if self.mutant:
+            seen = fault_visibility(self.mutant)
+            line += f"; its fault shows with {seen.when}"
+            line += f": audit with {' '.join(seen.audit_with)}" if seen.audit_with else ""
+        if self.misbehave:
+            line += f"; misbehaving: {self.misbehave} after {self.misbehave_after} good replies"
+        return line
+
+    def declaration(self) -> dict:
+        """What ``GET /v1/models`` says of the planted fault, so that an audit can tell whether it can see it."""
+        if not self.mutant:
+            return {}
+        seen = fault_visibility(self.mutant)
+        return {
+            "specverify": {"mutant": self.mutant, "fault_shows_with": seen.when, "audit_with": list(seen.audit_with)}
+        }
 
     def decoder(self, sampling: SamplingConfig):
         with self._lock:
@@ -267,7 +283,8 @@ def _handler(server: CompletionServer):
                 redirect_listing(self, server.collector_url)
                 return
             if path.rstrip("/") == "/v1/models":
-                self._reply(200, {"object": "list", "data": [{"id": server.model_name, "object": "model"}]})
+                entry = {"id": server.model_name, "object": "model", **server.declaration()}
+                self._reply(200, {"object": "list", "data": [entry]})
             else:
                 self._error(404, f"no route {self.path}")
 
@@ -355,9 +372,23 @@ def make_server(
     return httpd, model
 
 
+#: The example of ``--help``: a mutant audited with the options that make its fault visible.
+EXAMPLE = """example: a planted fault, and the audit that can see it (its fault needs a temperature other than 1)
+  python -m specverify.endpoint.localserver --port 8000 --max-logprobs -1 --mutant target_unprocessed &
+  specverify audit --endpoint http://127.0.0.1:8000 --model tiny-reference --temperature 0.7 --num-samples 1000
+
+Each mutant's fault and the options that show it:
+""" + "\n".join(
+    f"  {name}: {v.when}" + (f" ({' '.join(v.audit_with)})" if v.audit_with else "") for name, v in VISIBILITY.items()
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m specverify.endpoint.localserver", description=__doc__.split("\n\n")[0]
+        prog="python -m specverify.endpoint.localserver",
+        description=__doc__.split("\n\n")[0],
+        epilog=EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--port", type=int, default=8000, help="0: a free port (printed)")
     parser.add_argument("--model-name", default="tiny-reference")

@@ -31,7 +31,7 @@ from typing import Any
 from specverify.endpoint.http import EndpointError
 from specverify.endpoint.store import SampleStore, request_key
 
-__all__ = ["Request", "Fetcher", "Ledger", "TerminalProgress"]
+__all__ = ["Request", "Fetcher", "FetchProgress", "Ledger", "TerminalProgress"]
 
 
 @dataclass(frozen=True)
@@ -88,11 +88,47 @@ class Ledger:
         }
 
 
+@dataclass(frozen=True)
+class FetchProgress:
+    """Where an audit's requests stand, as a reply arrives.
+
+    ``what`` / ``batch_done`` / ``batch_total``: the batch being sent (e.g. "target laws");
+    ``done`` / ``planned``: requests answered in the whole run (sent or read from the store) of
+    the plan's upper bound (teacher-forcing requests are at most one per sample);
+    ``sent`` and ``sending_seconds``: requests sent so far by this process and the wall time
+    spent sending them (the rate behind the ETA); ``tokens``: tokens received.
+    """
+
+    what: str
+    batch_done: int
+    batch_total: int
+    done: int
+    planned: int
+    sent: int
+    sending_seconds: float
+    tokens: int
+
+    @property
+    def eta_seconds(self) -> float | None:
+        """At most this long for the rest of the plan at the rate so far (None before a rate is known)."""
+        if self.sent == 0 or self.sending_seconds <= 0:
+            return None
+        return max(self.planned - self.done, 0) * self.sending_seconds / self.sent
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 class TerminalProgress:
-    """Progress on stderr as replies arrive: requests done of the batch, tokens, elapsed time, ETA.
+    """Progress on stderr as replies arrive: the batch, and the whole run's requests, tokens, time and ETA.
 
     On a terminal one line is redrawn (at most every ``redraw`` seconds); otherwise (a CI log)
-    a line is written at most every ``interval`` seconds, and the last one.
+    a line is written at most every ``interval`` seconds, and at the end of each batch.
     """
 
     def __init__(self, stream=None, *, redraw: float = 0.2, interval: float = 5.0):
@@ -100,21 +136,37 @@ class TerminalProgress:
         self.interactive = bool(getattr(self.stream, "isatty", lambda: False)())
         self.min_interval = redraw if self.interactive else interval
         self._last = -float("inf")
+        self.open_line = False  # a redrawn line without its newline is on the terminal
 
-    def __call__(self, done: int, total: int, tokens: int, elapsed: float, what: str) -> None:
+    def __call__(self, state: FetchProgress) -> None:
         now = time.monotonic()
-        if done < total and now - self._last < self.min_interval:
+        end_of_batch = state.batch_done >= state.batch_total
+        if not end_of_batch and now - self._last < self.min_interval:
             return
         self._last = now
-        bar = "#" * int(24 * done / max(total, 1))
-        line = f"[{bar:-<24}] {what}: {done}/{total} requests, {tokens:,} tokens, {elapsed:.0f} s"
-        if 0 < done < total:
-            line += f", ETA {elapsed / done * (total - done):.0f} s"
+        share = min(state.done / max(state.planned, 1), 1.0)
+        bar = "#" * int(24 * share)
+        line = (
+            f"[{bar:-<24}] {state.done:,} of at most {state.planned:,} requests, {state.tokens:,} tokens, "
+            f"{_duration(state.sending_seconds)}"
+        )
+        eta = state.eta_seconds
+        if eta is not None and state.done < state.planned:
+            line += f", ETA at most {_duration(eta)}"
+        line += f" ({state.what} {state.batch_done}/{state.batch_total})"
         if self.interactive:
-            self.stream.write("\r" + line + ("\n" if done >= total else ""))
+            self.stream.write("\r" + line + "\033[K")
+            self.open_line = True
         else:
             self.stream.write(line + "\n")
         self.stream.flush()
+
+    def close_line(self) -> None:
+        """End a redrawn line, so that what is printed next starts on its own."""
+        if self.open_line:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.open_line = False
 
 
 class Fetcher:
@@ -128,14 +180,19 @@ class Fetcher:
     concurrency : int
         Requests in flight at most.
     progress : callable, optional
-        ``progress(done, total, tokens, elapsed_seconds, what)`` as replies arrive.
+        ``progress(state)`` with a :class:`FetchProgress` as replies arrive.
+    planned : int
+        The plan's upper bound on the run's requests (for the whole run's progress and ETA).
     """
 
-    def __init__(self, clients: dict, store: SampleStore, *, concurrency: int = 8, progress=None):
+    def __init__(self, clients: dict, store: SampleStore, *, concurrency: int = 8, progress=None, planned: int = 0):
         self.clients = clients
         self.store = store
         self.concurrency = int(concurrency)
         self.progress = progress
+        self.planned = int(planned)
+        self.done = 0  # requests answered in this run: sent, or read from the store
+        self.sending_seconds = 0.0
         self.ledger = Ledger()
         self.failure: EndpointError | None = None
         self._in_flight = 0
@@ -159,6 +216,7 @@ class Fetcher:
                 elif key not in pending:
                     pending[key] = r
             self.ledger.from_store += len(requests) - len(pending)
+            self.done += len(requests) - len(pending)
             if pending:
                 self._send(list(pending.values()), what, concurrency or self.concurrency)
             return [self.store.get(r.key) for r in requests]
@@ -200,7 +258,7 @@ class Fetcher:
             for i in range(min(concurrency, len(pending)))
         ]
         t0 = time.perf_counter()
-        done = tokens = 0
+        done = 0
         finished = False
         for worker in workers:
             worker.start()
@@ -215,13 +273,17 @@ class Fetcher:
                 if error is not None:
                     raise error
                 done += 1
-                tokens += request.tokens
+                self.done += 1
                 self.ledger.sent[request.role] = self.ledger.sent.get(request.role, 0) + 1
                 self.ledger.tokens += request.tokens
                 if self.progress is not None:
-                    self.progress(done, len(pending), tokens, time.perf_counter() - t0, what)
+                    sent = sum(self.ledger.sent.values())
+                    elapsed = self.sending_seconds + time.perf_counter() - t0
+                    self.progress(FetchProgress(what, done, len(pending), self.done, max(self.planned, self.done),
+                                                sent, elapsed, self.ledger.tokens))  # fmt: skip
             finished = True
         finally:
+            self.sending_seconds += time.perf_counter() - t0
             stop.set()
             if not finished:
                 self.abort()

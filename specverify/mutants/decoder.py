@@ -27,7 +27,8 @@ decoding ignored the sampling parameters in the target's verification probabilit
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -43,6 +44,9 @@ __all__ = [
     "TargetUnprocessed",
     "StaleDraftContext",
     "ENTRIES",
+    "FaultVisibility",
+    "VISIBILITY",
+    "fault_visibility",
     "make_decoder_mutant",
 ]
 
@@ -119,3 +123,34 @@ def make_decoder_mutant(
         if entry.name == name:
             return entry.build(target, drafter, k=k, sampling=sampling or entry.config, **kwargs)
     raise InvalidArgument(f"name must be one of {[e.name for e in ENTRIES]}, got {name!r}")
+
+
+@dataclass(frozen=True)
+class FaultVisibility:
+    """When a decoder mutant's fault reaches the output law: in words, as options of an audit, as a test.
+
+    ``audit_with`` are ``specverify audit`` options under which it shows (empty: any, or never);
+    ``visible(sampling)`` says whether an audit with that :class:`SamplingConfig` can see it.
+    """
+
+    when: str
+    audit_with: tuple[str, ...]
+    visible: Callable[[SamplingConfig], bool]
+
+
+#: Each decoder mutant's visibility (a server playing one says so at start-up and in its model list).
+VISIBILITY: dict[str, FaultVisibility] = {
+    "kv_not_rolled_back": FaultVisibility("any sampling options", (), lambda s: True),
+    "topk_not_in_reported_q": FaultVisibility("top-k set", ("--top-k", "3"), lambda s: s.top_k is not None),
+    "target_unprocessed": FaultVisibility(
+        "a temperature other than 1 (and not 0)", ("--temperature", "0.7"), lambda s: s.temperature not in (0, 1)
+    ),
+    "stale_context": FaultVisibility("never: it is lossless for the output law, only slower", (), lambda s: False),
+}
+
+
+def fault_visibility(name: str) -> FaultVisibility:
+    """The :class:`FaultVisibility` of decoder mutant ``name``."""
+    if name not in VISIBILITY:
+        raise InvalidArgument(f"name must be one of {sorted(VISIBILITY)}, got {name!r}")
+    return VISIBILITY[name]

@@ -66,6 +66,9 @@ def endpoint_items(report: Report) -> list[str]:
         f"Time: {e.get('waiting_seconds', 0)} s with requests in flight; the client alone "
         f"{e.get('client_overhead_seconds', 0)} s{share}."
     )
+    fault = e.get("declared_fault")
+    if isinstance(fault, Mapping) and isinstance(fault.get("note"), str):
+        out.append(("Note: " if fault.get("reachable") else "Warning: ") + fault["note"] + ".")
     if e.get("determinism"):
         out.append(f"Determinism for a fixed seed: {e['determinism']}.")
     inv = e.get("batch_invariance")
