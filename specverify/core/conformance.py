@@ -38,6 +38,8 @@ from specverify.core.results import FAIL, PASS, SUSPICIOUS, TestResult, is_error
 
 __all__ = [
     "CONFORMANCE_FAMILIES",
+    "count_phrase",
+    "test_counts",
     "Conformance",
     "Efficiency",
     "conformance_line",
@@ -54,6 +56,29 @@ CONFORMANCE_FAMILIES = ("acceptance",)
 def is_conformance(result: TestResult) -> bool:
     """Whether ``result`` tests rule conformance (acceptance against the declared rule), not the law."""
     return result.family in CONFORMANCE_FAMILIES
+
+
+def test_counts(results: Sequence[TestResult]) -> dict[str, int]:
+    """How many tests a run holds: ``{"law", "rule_conformance", "total"}`` (implementation-error records left out)."""
+    tests = [r for r in results if not is_error_record(r)]
+    rule = sum(1 for r in tests if is_conformance(r))
+    return {"law": len(tests) - rule, "rule_conformance": rule, "total": len(tests)}
+
+
+def count_phrase(results: Sequence[TestResult], *, gate_conformance: bool = False) -> str:
+    """The run's tests, said the same way in every place that counts them.
+
+    ``"720 tests (668 of the law, 52 of rule conformance)"``; ``"668 tests"`` without rule
+    conformance tests.  When conformance gates the verdict it says so.
+    """
+    counts = test_counts(results)
+    if not counts["rule_conformance"]:
+        return f"{counts['total']:,} tests"
+    gates = ", both in the verdict" if gate_conformance else ""
+    return (
+        f"{counts['total']:,} tests ({counts['law']:,} of the law, {counts['rule_conformance']:,} of rule "
+        f"conformance{gates})"
+    )
 
 
 def verdict_results(results: Sequence[TestResult], *, gate_conformance: bool = False) -> list[TestResult]:

@@ -29,17 +29,16 @@ def _where(field: str, value: Any, wanted: str) -> InvalidArgument:
     return InvalidArgument(f"report field {field} must be {wanted}, got {shown}")
 
 
-def _number(field: str, value: Any, *, optional: bool = False) -> float | None:
+def _number(field: str, value: Any, *, optional: bool = False) -> float | int | None:
     if value is None and optional:
         return None
     if isinstance(value, str) and value.strip().lower() in _FLOAT_WORDS:
         return _FLOAT_WORDS[value.strip().lower()]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _where(field, value, "a number" + (" or null" if optional else ""))
-    try:
-        return float(value)
-    except OverflowError:
-        raise _where(field, value, "a number within float range") from None
+    if isinstance(value, int) and abs(value) > 2**1000:
+        raise _where(field, value, "a number within float range")
+    return value  # as written (an integer stays one: the report reads back as it was)
 
 
 def _integer(field: str, value: Any, *, optional: bool = False) -> int | None:

@@ -373,6 +373,9 @@ class Report:
         data = {"schema": SCHEMA_VERSION, "passed": self.passed}
         data.update(_jsonable(self))
         data["conformance"] = _jsonable(self.conformance.to_dict())
+        from specverify.core.conformance import test_counts
+
+        data["test_counts"] = test_counts(self.results)  # derived: the counts every rendering states
         return data
 
     def to_json(self, *, indent: int | None = 2) -> str:
@@ -401,13 +404,14 @@ class Report:
 
     def summary(self) -> str:
         """A one-screen text summary (kind-specific sections: :func:`specverify.report.terminal_summary`)."""
-        from specverify.core.conformance import conformance_line, verdict_results
+        from specverify.core.conformance import conformance_line, count_phrase, verdict_results
 
         untested = " (the implementation could not be tested)" if self.verdict == ERROR else ""
         tests = verdict_results(self.results, gate_conformance=self.gate_conformance)
         lines = [
             f"specverify {self.kind} audit of {self.implementation}: {self.verdict.upper()}{untested}",
-            f"tier={self.tier} seed={self.seed} alpha={self.alpha:g} tests={len(tests)} "
+            f"tier={self.tier} seed={self.seed} alpha={self.alpha:g} "
+            f"{count_phrase(self.results, gate_conformance=self.gate_conformance)} "
             f"time={self.timings.get('total', float('nan')):.1f}s",
         ]
         for group in error_groups(self):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specverify.core.conformance import conformance_line, verdict_results
+from specverify.core.conformance import count_phrase as conformance_count_phrase
 from specverify.core.repro import is_python_repro
 from specverify.core.results import (
     ERROR,
@@ -128,6 +129,11 @@ def tested(report: Report) -> list[TestResult]:
     """The report's tests of the law: its results without the records of implementation errors
     (:func:`specverify.core.results.is_error_record`; the error section shows those, once)."""
     return [r for r in report.results if not is_error_record(r)]
+
+
+def count_phrase(report: Report) -> str:
+    """The report's tests as every rendering counts them (:func:`specverify.core.conformance.count_phrase`)."""
+    return conformance_count_phrase(report.results, gate_conformance=bool(report.gate_conformance))
 
 
 def verdict_tests(report: Report) -> list[TestResult]:
@@ -490,11 +496,76 @@ def acceptance(report: Report) -> list[AcceptanceScenario]:
 
 
 def other_extra(report: Report, *, exclude: Sequence[str] | set[str] = ()) -> dict[str, Any]:
-    """``extra`` less the keys rendered in their own sections (``acceptance`` and ``exclude``)."""
+    """``extra`` less the keys rendered in their own sections (``acceptance``, ``cpu_seconds`` and ``exclude``)."""
     if not isinstance(report.extra, Mapping):
         return {}
-    skip = {"acceptance", *exclude}
+    skip = {"acceptance", "cpu_seconds", *exclude}
     return {k: v for k, v in report.extra.items() if k not in skip}
+
+
+def timing_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    """The timings table: each scenario's wall seconds (and CPU seconds when recorded), to the 10 ms.
+
+    ``(header, rows)``; no rows when the report has no timings.
+    """
+    timings = report.timings if isinstance(report.timings, Mapping) else {}
+    cpu = report.extra.get("cpu_seconds") if isinstance(report.extra, Mapping) else None
+    cpu = cpu if isinstance(cpu, Mapping) else {}
+    header = ["part", "wall s"] + (["CPU s"] if cpu else [])
+    rows = []
+    for name, seconds in timings.items():
+        row = [str(name), fmt(seconds, ",.2f")]
+        rows.append(row + ([fmt(cpu.get(name), ",.2f")] if cpu else []))
+    for name in (n for n in cpu if n not in timings):
+        rows.append([str(name), "—", fmt(cpu[name], ",.2f")])
+    return header, rows
+
+
+#: At most this many rows of a nested section (the rest is in report.json).
+READABLE_ROWS = 60
+
+
+def readable_items(data: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """A nested section as ``(path, text)`` rows for a reader: dotted paths, numbers to 4 figures, lists joined.
+
+    A list of plain values reads ``"1, 2, 3"`` (the first 12, then how many more); a list of
+    objects gives rows ``key[i].field``; at most :data:`READABLE_ROWS` rows in all.
+    """
+    rows: list[tuple[str, str]] = []
+
+    def walk(value: Any, path: str) -> None:
+        if len(rows) >= READABLE_ROWS:
+            return
+        if isinstance(value, Mapping) and value:
+            for key, item in value.items():
+                walk(item, f"{path}.{key}" if path else str(key))
+        elif isinstance(value, (list, tuple)) and value and any(isinstance(v, (Mapping, list, tuple)) for v in value):
+            for i, item in enumerate(value[:20]):
+                walk(item, f"{path}[{i}]")
+            if len(value) > 20:
+                rows.append((path, f"... and {len(value) - 20} more"))
+        else:
+            rows.append((path, _plain(value)))
+
+    walk(data, prefix)
+    if len(rows) >= READABLE_ROWS:
+        rows = rows[: READABLE_ROWS - 1] + [("...", "more in report.json")]
+    return rows
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return fmt(value, ".4g")
+    if isinstance(value, (list, tuple)):
+        shown = ", ".join(_plain(v) for v in value[:12])
+        return shown + (f", ... ({len(value)} in all)" if len(value) > 12 else "") if value else "(none)"
+    if isinstance(value, Mapping):
+        return "(none)"
+    return str(value)
 
 
 # ----------------------------------------------------------------------------- scenarios

@@ -141,7 +141,7 @@ RESULT_NUMERIC = "r.....rrrrrrrm"
 def _tests_section(report: Report) -> list[str]:
     tests = c.tested(report)
     listed, folded = c.split_tests(tests)
-    out = [f"<h2>Tests, flagged and worst first ({len(tests)}: {esc(c.grade_counts(tests))})</h2>"]
+    out = [f"<h2>Tests, flagged and worst first: {esc(c.count_phrase(report))}; {esc(c.grade_counts(tests))}</h2>"]
     if not listed:
         return out + ["<p>No statistical tests ran.</p>"]
     rows, classes = _result_rows(listed, 1)
@@ -376,12 +376,19 @@ def _scenarios_section(report: Report) -> list[str]:
 def _mapping_section(title: str, data: Any) -> list[str]:
     if not isinstance(data, Mapping) or not data:
         return []
-    return [f"<h2>{esc(title)}</h2>", table(["key", "value"], [[esc(k), _value(v)] for k, v in data.items()])]
+    rows = [[_breakable(path), esc(text)] for path, text in c.readable_items(data)]
+    return [f"<h2>{esc(title)}</h2>", _wide(table(["key", "value"], rows))]
+
+
+def _timings_section(report: Report) -> list[str]:
+    header, rows = c.timing_rows(report)
+    if not rows:
+        return []
+    return ["<h2>Timings</h2>", table(header, [[esc(x) for x in row] for row in rows], "l" + "r" * (len(header) - 1))]
 
 
 def render_html(report: Report, *, plots: bool = True) -> str:
     """Render ``report`` as one self-contained HTML page (plots inline when matplotlib is available)."""
-    results = c.tested(report)
     verdict = report.verdict.upper() if isinstance(report.verdict, str) else str(report.verdict)
     total_time = report.timings.get("total") if isinstance(report.timings, Mapping) else None
     cls = _cls(report.verdict)
@@ -390,7 +397,7 @@ def render_html(report: Report, *, plots: bool = True) -> str:
         f'<h1>specverify {esc(report.kind)} audit <span class="badge b-{cls}">{esc(verdict)}</span></h1>',
         f'<div class="meta">implementation <code>{esc(report.implementation)}</code> · tier '
         f"<code>{esc(report.tier)}</code> · seed <code>{esc(report.seed)}</code> · alpha "
-        f"{esc(c.fmt(report.alpha))} · {len(results)} tests · time {esc(c.fmt(total_time, '.1f', 'n/a'))} s</div>",
+        f"{esc(c.fmt(report.alpha))} · {esc(c.count_phrase(report))} · time {esc(c.fmt(total_time, '.1f', 'n/a'))} s</div>",
         f'<div class="verdict v-{cls}">{esc(c.verdict_paragraph(report))}</div>',
     ]
     rule = c.conformance_sentence(report)
@@ -406,7 +413,7 @@ def render_html(report: Report, *, plots: bool = True) -> str:
     body += _tests_section(report)
     body += _acceptance_section(report)
     body += _scenarios_section(report)
-    body += _mapping_section("Timings (seconds)", report.timings)
+    body += _timings_section(report)
     body += _mapping_section("Environment", report.environment)
     rendered = d.rendered_extra_keys(report) | endpoint_keys(report)
     body += _mapping_section("Other sections", c.other_extra(report, exclude=rendered))

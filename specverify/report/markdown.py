@@ -235,8 +235,19 @@ def efficiency_lines(report: Report) -> list[str]:
 def mapping_lines(title: str, data: Any) -> list[str]:
     if not isinstance(data, Mapping) or not data:
         return []
-    rows = [[md_code(k), _value(v)] for k, v in data.items()]
+    rows = [[md_code(path), md_text(text)] for path, text in c.readable_items(data)]
     return [f"## {title}", ""] + table(["key", "value"], rows) + [""]
+
+
+def timings_lines(report: Report) -> list[str]:
+    header, rows = c.timing_rows(report)
+    if not rows:
+        return []
+    return (
+        ["## Timings", ""]
+        + table(header, [[md_code(r[0]), *r[1:]] for r in rows], "l" + "r" * (len(header) - 1))
+        + [""]
+    )
 
 
 def _test_table(results: list[TestResult]) -> list[str]:
@@ -248,7 +259,7 @@ def tests_lines(report: Report, *, max_rows: int = 40) -> list[str]:
     ``max_rows`` rows in each part; every test is in report.json and report.html)."""
     tests = c.tested(report)
     listed, folded = c.split_tests(tests)
-    lines = [f"## Tests, flagged and worst first ({len(tests)}: {c.grade_counts(tests)})", ""]
+    lines = [f"## Tests, flagged and worst first: {c.count_phrase(report)}; {c.grade_counts(tests)}", ""]
     if not listed:
         return lines + ["No statistical tests ran.", ""]
     shown = listed[:max_rows]
@@ -325,7 +336,7 @@ def render_markdown(report: Report, *, max_rows: int = 40) -> str:
         f"# specverify {md_text(report.kind)} audit: {md_text(str(report.verdict).upper())}",
         "",
         f"Implementation {md_code(report.implementation)} · tier {md_code(report.tier)} · seed "
-        f"{md_code(report.seed)} · alpha {c.fmt(report.alpha)} · {len(c.tested(report))} tests · time "
+        f"{md_code(report.seed)} · alpha {c.fmt(report.alpha)} · {c.count_phrase(report)} · time "
         f"{c.fmt(total_time, '.1f', 'n/a')} s",
         "",
         md_text(c.verdict_paragraph(report)),
@@ -352,7 +363,7 @@ def render_markdown(report: Report, *, max_rows: int = 40) -> str:
     lines += tests_lines(report, max_rows=max_rows)
     lines += acceptance_lines(report)
     lines += scenario_lines(report)
-    lines += mapping_lines("Timings (seconds)", report.timings)
+    lines += timings_lines(report)
     lines += mapping_lines("Environment", report.environment)
     rendered = d.rendered_extra_keys(report) | endpoint_keys(report)
     lines += mapping_lines("Other sections", c.other_extra(report, exclude=rendered))

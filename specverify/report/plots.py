@@ -92,6 +92,14 @@ def render_plots(report: Report) -> PlotSet:
     return PlotSet(plots, None)
 
 
+def _legend(ax, *, above: bool = False) -> None:
+    """The axes' legend outside its data: to the right, or in a row above (the constrained layout makes room)."""
+    if above:
+        ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=4, fontsize=8, frameon=False, borderaxespad=0.2)
+    else:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False, borderaxespad=0.0)
+
+
 def _histogram_results(results: Sequence[TestResult]) -> list[TestResult]:
     """Failing and suspicious tests with per-bin counts (at most 4); else the 2 lowest-p passing ones."""
     with_counts = [r for r in c.worst_first(results) if c.counts_of(r)]
@@ -131,8 +139,10 @@ def _histogram(r: TestResult, new_figure, encode) -> Plot:
     if positive and max(positive) / min(positive) > 50:
         top.set_yscale("log")
     top.set_ylabel("count")
-    top.legend(loc="upper right", fontsize=8, frameon=False)
-    top.set_title(f"{c.test_label(r)}: p={c.fmt(r.pvalue)}, N={c.fmt_int(r.n)} [{(r.grade or '?').upper()}]")
+    _legend(top, above=True)
+    top.set_title(
+        f"{c.test_label(r)}: p={c.fmt(r.pvalue)}, N={c.fmt_int(r.n)} [{(r.grade or '?').upper()}]", loc="left", pad=16
+    )
     for level in (-3, 3):
         bottom.axhline(level, color="black", lw=0.6, ls="--")
     bottom.axhline(0, color="black", lw=0.6)
@@ -189,7 +199,7 @@ def _qq(report: Report, new_figure, encode) -> Plot | None:
     observed = [-math.log10(min(max(p, floor), 1.0)) for p, _ in points]
     lo = (-np.log10(stats.beta.ppf(0.975, rank, n - rank + 1))).tolist()
     hi = (-np.log10(stats.beta.ppf(0.025, rank, n - rank + 1))).tolist()
-    fig, axes = new_figure(5.5, 4.6)
+    fig, axes = new_figure(7.0, 4.6)
     ax = axes[0][0]
     ax.fill_between(expected, lo, hi, color="#cfd8dc", label="95% band under H0")
     top = max(expected[0], 1.0)
@@ -212,8 +222,8 @@ def _qq(report: Report, new_figure, encode) -> Plot | None:
             )
     ax.set_xlabel("expected -log10 p (uniform)")
     ax.set_ylabel("observed -log10 p")
-    ax.set_title(f"p-values of all {n} tests vs uniform")
-    ax.legend(loc="upper left", fontsize=8, frameon=False)
+    ax.set_title(f"p-values vs uniform: {c.count_phrase(report)}", fontsize=9)
+    _legend(ax)
     caption = (
         "Sorted raw p-values against uniform quantiles. Under a correct implementation points stay in the "
         "grey band; points far above it are deviations, a curve below it means conservative tests."
@@ -228,7 +238,7 @@ def _acceptance(report: Report, new_figure, encode) -> Plot | None:
     panels = int(bool(with_rates)) + int(bool(with_lengths))
     if not panels:
         return None
-    fig, axes = new_figure(5.0 * panels + 1.0, 3.8, 1, panels)
+    fig, axes = new_figure(6.4 * panels + 1.0, 3.8, 1, panels)
     k = 0
     colors = ["#1565c0", "#6a1b9a", "#00838f", "#ad1457", "#4e342e", "#558b2f", "#283593", "#bf360c"]
     if with_rates:
@@ -247,7 +257,7 @@ def _acceptance(report: Report, new_figure, encode) -> Plot | None:
         ax.set_xlabel("draft position")
         ax.set_ylabel("acceptance rate")
         ax.set_title("observed (dots) vs exact (bars: +- 2 SE)")
-        ax.legend(fontsize=8, frameon=False)
+        _legend(ax)
     if with_lengths:
         ax = axes[0][k]
         width = 0.8 / len(with_lengths)
@@ -260,7 +270,7 @@ def _acceptance(report: Report, new_figure, encode) -> Plot | None:
         ax.set_xlabel("accepted drafts per block")
         ax.set_ylabel("fraction of blocks")
         ax.set_title("accepted length: observed (bars) vs exact (ticks)")
-        ax.legend(fontsize=8, frameon=False)
+        _legend(ax)
     caption = "Acceptance vs its exact expectation sum_x min(p, q) per draft position, and the accepted-length law."
     return Plot("acceptance", "Acceptance", caption, encode(fig))
 
@@ -288,7 +298,7 @@ def _mde(report: Report, new_figure, encode) -> Plot | None:
     ns = [n for n, _, _, _ in rows]
     lo, hi = math.log10(max(min(ns) / 10, 1.0)), math.log10(max(ns) * 10)
     grid = [10 ** (lo + (hi - lo) * i / 99) for i in range(100)]
-    fig, axes = new_figure(6.5, 4.4)
+    fig, axes = new_figure(7.8, 4.4)
     ax = axes[0][0]
     for df, lam in curves:
         ax.plot(grid, [min(1.0, math.sqrt(lam / (4 * n))) for n in grid], lw=1.2, label=f"df={c.fmt(df)}")
@@ -304,7 +314,7 @@ def _mde(report: Report, new_figure, encode) -> Plot | None:
     ax.set_xlabel("N (samples)")
     ax.set_ylabel("minimum detectable binned TV")
     ax.set_title(f"detectable TV at power 0.9, alpha={c.fmt(alpha)}")
-    ax.legend(fontsize=8, frameon=False)
+    _legend(ax)
     caption = (
         "Smallest binned total-variation distance a chi-square test with the given df detects with power 0.9 "
         "at the median allocated alpha, as N grows; markers are the run's tests at their own alpha."
