@@ -22,10 +22,10 @@ import time
 
 import torch
 
-from reference.decoder import SpeculativeDecoder
-from reference.direct import DirectSampler
-from reference.models import NGramDrafter, make_pair
-from reference.processors import SamplingConfig
+from specverify_reference.decoder import SpeculativeDecoder
+from specverify_reference.direct import DirectSampler
+from specverify_reference.models import NGramDrafter, make_pair
+from specverify_reference.processors import SamplingConfig
 
 
 def timed(fn, repeats: int, device: str):

@@ -34,16 +34,16 @@ import time
 import numpy as np
 import torch
 
-from reference.decoder import SpeculativeDecoder
-from reference.direct import DirectSampler, TargetAdapter, generate_in_chunks
-from reference.models import make_pair
-from reference.processors import SamplingConfig, logits_to_probs
 from specverify.core.machine import describe_machine
 from specverify.core.sampling import sample
 from specverify.core.seeds import derive_seed
 from specverify.decoder.battery import check_decoder
 from specverify.decoder.protocol import make_prompts
 from specverify.stats.mmd import mmd_hamming_test
+from specverify_reference.decoder import SpeculativeDecoder
+from specverify_reference.direct import DirectSampler, TargetAdapter, generate_in_chunks
+from specverify_reference.models import make_pair
+from specverify_reference.processors import SamplingConfig, logits_to_probs
 
 V, L, POSITION, TEMPERATURE, ALPHA = 64, 8, 2, 0.7, 0.05
 SAMPLING = SamplingConfig(temperature=TEMPERATURE)

@@ -44,10 +44,10 @@ import time
 
 import torch
 
-from reference.rules import verify
 from specverify.core import tables
 from specverify.verifier import zoo
 from specverify.verifier.harness import harness_setup, run_harness
+from specverify_reference.rules import verify
 
 
 def fast_verify(target_probs, draft_probs, draft_tokens, *, generator):
@@ -128,7 +128,7 @@ def _code(checkout: str | None):
     for name in [m for m in sys.modules if m.split(".")[0] in ("reference", "specverify")]:
         del sys.modules[name]
     sys.path.insert(0, os.path.abspath(checkout))
-    rules = importlib.import_module("reference.rules")
+    rules = importlib.import_module("specverify_reference.rules")
     harness = importlib.import_module("specverify.verifier.harness")
     other_tables = importlib.import_module("specverify.core.tables")
     other_zoo = importlib.import_module("specverify.verifier.zoo")

@@ -97,8 +97,8 @@ def shares_today():
     import torch
 
     import specverify as sv
-    from reference.rules import verify
     from specverify.core.conformance import is_conformance
+    from specverify_reference.rules import verify
 
     torch.set_num_threads(1)
     report = sv.check_verifier(verify, tier="smoke", seed=0, alpha=ALPHA)

@@ -19,9 +19,9 @@ import time
 
 import torch
 
-from reference.rules import verify
 from specverify.core.sampling import sample
 from specverify.core.validation import check_probs
+from specverify_reference.rules import verify
 
 
 def median_seconds(fn, repeats: int) -> tuple[float, float]:

@@ -25,8 +25,8 @@ import time
 import torch
 
 import specverify as sv
-from reference.rules import verify
 from specverify.verifier.scenarios import get_scenarios
+from specverify_reference.rules import verify
 
 DEEP_OVER = {"smoke": 512, "standard": 32, "deep": 1}
 

@@ -17,11 +17,11 @@ import time
 
 import torch
 
-from reference.tree_rules import verify_tree
 from specverify.core import tables
 from specverify.verifier import zoo
 from specverify.verifier.tree.drafting import TreeDrafting
 from specverify.verifier.tree.harness import run_tree_harness
+from specverify_reference.tree_rules import verify_tree
 
 SHAPES = {8: (2, 3), 16: (4, 3), 32: (2, 3, 4), 64: (4, 3, 4)}
 

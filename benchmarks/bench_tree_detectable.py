@@ -22,10 +22,10 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from reference.tree_rules import verify_tree
 from specverify.stats import min_detectable_tv
 from specverify.verifier.tree.battery import check_tree_verifier
 from specverify.verifier.tree.scenarios import TREE_SCENARIOS
+from specverify_reference.tree_rules import verify_tree
 
 
 def node_tests(report, scenario: str) -> tuple[list, str]:

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import torch
 
-from reference.rules import check_verifier_inputs
 from specverify.core.sampling import inverse_cdf, uniform
 from specverify.core.validation import check_generator
+from specverify_reference.rules import check_verifier_inputs
 
 __all__ = ["verify", "block_weights", "block_thresholds"]
 

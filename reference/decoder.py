@@ -37,13 +37,13 @@ from dataclasses import dataclass
 
 import torch
 
-from reference.direct import ChunkedGenerate, TargetAdapter, validate_batch_args
-from reference.models import KVCache, NGramDrafter, TinyTransformer
-from reference.processors import SamplingConfig, greedy_probs, logits_to_probs
-from reference.rules import greedy_verify, verify
 from specverify.core.errors import InvalidArgument
 from specverify.core.sampling import sample
 from specverify.core.validation import check_int
+from specverify_reference.direct import ChunkedGenerate, TargetAdapter, validate_batch_args
+from specverify_reference.models import KVCache, NGramDrafter, TinyTransformer
+from specverify_reference.processors import SamplingConfig, greedy_probs, logits_to_probs
+from specverify_reference.rules import greedy_verify, verify
 
 __all__ = ["SpeculativeDecoder", "DecodeResult", "DecodeStats"]
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import torch
 
-from reference.models import TinyTransformer
-from reference.processors import SamplingConfig, logits_to_probs
 from specverify.core.errors import InvalidArgument
 from specverify.core.sampling import sample
 from specverify.core.validation import check_generator, check_int, check_shape, check_tokens
+from specverify_reference.models import TinyTransformer
+from specverify_reference.processors import SamplingConfig, logits_to_probs
 
 __all__ = [
     "ChunkedGenerate",

@@ -40,7 +40,6 @@ import functools
 
 import torch
 
-from reference.rules import check_verifier_inputs
 from specverify.core.chain_laws import (
     acceptance_probability,
     chain_laws,
@@ -52,6 +51,7 @@ from specverify.core.chain_laws import (
 from specverify.core.errors import InvalidArgument
 from specverify.core.sampling import sample, uniform
 from specverify.core.validation import check_generator
+from specverify_reference.rules import check_verifier_inputs
 
 __all__ = [
     "ensemble_verify",

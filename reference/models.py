@@ -35,10 +35,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference.processors import SamplingConfig, logits_to_probs
 from specverify.core.errors import InvalidArgument
 from specverify.core.sampling import sample
 from specverify.core.validation import check_generator, check_int, check_shape, check_tokens
+from specverify_reference.processors import SamplingConfig, logits_to_probs
 
 __all__ = ["ModelConfig", "KVCache", "TinyTransformer", "make_pair", "NGramDrafter", "ModelDrafter"]
 

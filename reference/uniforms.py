@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import torch
 
-from reference.rules import check_verifier_inputs
 from specverify.core.errors import InvalidArgument
 from specverify.core.sampling import inverse_cdf
 from specverify.protocols.uniforms import seed_offset_in, uniforms_in
+from specverify_reference.rules import check_verifier_inputs
 
 __all__ = ["accept_with_uniforms", "final_draw", "chain_kernel", "verify", "seed_offset_kernel", "verify_seed_offset"]
 

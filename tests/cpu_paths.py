@@ -57,7 +57,7 @@ def environment(path: str) -> dict[str, str]:
 def check_recording() -> tuple[int, int, float]:
     """Rerun the recorded smoke run; (numbers equal to the bit, numbers compared, largest relative difference)."""
     import specverify as sv
-    from reference.rules import verify
+    from specverify_reference.rules import verify
 
     recorded = json.loads(RECORDING.read_text())["results"]
     report = sv.check_verifier(verify, tier="smoke", seed=0)

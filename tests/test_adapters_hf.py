@@ -18,7 +18,7 @@ from _strategies import pooled_chisquare
 from scipy import stats as sps
 from transformers import GenerationConfig
 
-import reference.rules as rules
+import specverify_reference.rules as rules
 from specverify.adapters import hf
 from specverify.adapters.fixtures.llama import tiny_llama, tiny_llama_pair
 from specverify.adapters.hf import kernel as hf_kernel

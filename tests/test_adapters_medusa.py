@@ -14,10 +14,10 @@ import pytest
 import torch
 from _medusa import medusa_formula
 
-from reference import lossy
 from specverify.adapters.medusa import chain as adapter
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.measure.chain import measure_divergence
+from specverify_reference import lossy
 
 try:
     import medusa.model.utils  # noqa: F401

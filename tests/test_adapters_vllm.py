@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference.rules import greedy_verify
 from specverify.adapters.vllm import layout as L
 from specverify.core.errors import ImplementationError, InvalidArgument
+from specverify_reference.rules import greedy_verify
 
 
 def _batch(B=3, K=2, V=5, seed=0):

@@ -30,13 +30,13 @@ import time
 import pytest
 import torch
 
-from reference.rules import greedy_verify
-from reference.rules import verify as reference_verify
 from specverify.core.results import Report, error_groups
 from specverify.core.sampling import sample, uniform
 from specverify.core.seeds import scenario_seed
 from specverify.verifier.battery import check_greedy_verifier, check_verifier
 from specverify.verifier.scenarios import SCENARIOS, get_scenarios
+from specverify_reference.rules import greedy_verify
+from specverify_reference.rules import verify as reference_verify
 
 
 # ---------------------------------------------------------------------------- variants

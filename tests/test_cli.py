@@ -10,7 +10,7 @@ from specverify.core.loading import load_object, parse_options
 
 
 def test_load_object_resolves_module_attribute():
-    from reference.rules import verify
+    from specverify_reference.rules import verify
 
     assert load_object("reference.rules:verify") is verify
 
@@ -57,7 +57,7 @@ def test_progress_bar_moves_as_groups_finish_in_a_terminal():
     """A real battery run into a fake terminal: the line is redrawn as groups finish, with tokens,
     scenarios and an ETA, and ends once at 100%."""
     import specverify as sv
-    from reference.rules import verify
+    from specverify_reference.rules import verify
 
     terminal = _Terminal()
     sv.check_verifier(verify, scenarios=["pos2_least_likely_k2", "markov4_oracle_k8"],
@@ -121,7 +121,7 @@ def test_audit_verifier_exit_codes_pass_fail_and_broken(tmp_path, capsys):
 
 def _out_of_vocab_verifier(target_probs, draft_probs, draft_tokens, *, generator):
     """A broken kernel (GHSA-8wr5 style): returns token id V."""
-    from reference.rules import verify
+    from specverify_reference.rules import verify
 
     tokens, num_emitted = verify(target_probs, draft_probs, draft_tokens, generator=generator)
     tokens[0, 0] = target_probs.shape[-1]

@@ -131,8 +131,8 @@ def test_a_module_that_fails_inside_gets_no_path_hint(tmp_path, monkeypatch):
 
 
 def test_list_scenarios_takes_the_battery_kind():
-    from reference.tree_rules import verify_tree
     from specverify.verifier.tree.scenarios import get_tree_scenarios
+    from specverify_reference.tree_rules import verify_tree
 
     chain = sv.list_scenarios("verifier")
     assert chain == sv.list_scenarios() and len(chain) == len(set(chain)) == 15

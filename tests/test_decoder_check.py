@@ -17,10 +17,6 @@ from _targets import WithConditionals
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference.decoder import SpeculativeDecoder
-from reference.direct import DirectSampler, TargetAdapter
-from reference.models import make_pair
-from reference.processors import GREEDY, SamplingConfig
 from specverify.core.errors import InvalidArgument
 from specverify.core.results import Report
 from specverify.core.sampling import sample
@@ -31,6 +27,10 @@ from specverify.decoder.conditionals import prefix_ids
 from specverify.decoder.protocol import make_prompts
 from specverify.mutants import entries
 from specverify.mutants.decoder import make_decoder_mutant
+from specverify_reference.decoder import SpeculativeDecoder
+from specverify_reference.direct import DirectSampler, TargetAdapter
+from specverify_reference.models import make_pair
+from specverify_reference.processors import GREEDY, SamplingConfig
 
 DECODER_MUTANTS = entries(subject="decoder")
 

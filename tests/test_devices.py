@@ -10,9 +10,9 @@ import torch
 from _results import assert_same_statistics
 
 import specverify as sv
-from reference.rules import verify
 from specverify.core.devices import check_device, check_prob_dtype, device_extra
 from specverify.core.errors import InvalidArgument
+from specverify_reference.rules import verify
 
 GOLDEN = Path(__file__).parent / "data" / "reference_smoke_seed0.json"
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -44,7 +44,7 @@ def test_check_device_and_dtype():
     ],
 )
 def test_invalid_device_names_the_argument(fn, kwargs):
-    impl = verify if fn == "check_verifier" else __import__("reference.tree_rules").tree_rules.verify_tree
+    impl = verify if fn == "check_verifier" else __import__("specverify_reference.tree_rules").tree_rules.verify_tree
     with pytest.raises(InvalidArgument, match="device"):
         getattr(sv, fn)(impl, device="tpu:9", **kwargs)
     with pytest.raises(InvalidArgument, match="dtype"):
@@ -131,7 +131,7 @@ def test_protocol_decoder_hands_the_verifier_the_dtype_and_keeps_cpu_bit_identic
 
 
 def test_tree_battery_takes_a_dtype():
-    from reference.tree_rules import verify_tree
+    from specverify_reference.tree_rules import verify_tree
 
     seen = set()
 
@@ -146,10 +146,10 @@ def test_tree_battery_takes_a_dtype():
 @pytest.mark.gpu
 @needs_cuda
 def test_every_audit_runs_on_cuda():
-    from reference.tree_rules import verify_tree
     from specverify.core.tables import markov
     from specverify.decoder.pipeline import ProtocolDecoder
     from specverify.verifier import zoo
+    from specverify_reference.tree_rules import verify_tree
 
     seen: set = set()
     assert sv.check_verifier(_spy(seen), device="cuda:0", dtype="bfloat16", scenarios=["pos8_uniform_k4"]).passed

@@ -228,3 +228,16 @@ _NOTE = "bugs" + ".md"  # spelled apart so that this file does not match the pat
 def test_the_patterns(rel, line, bad):
     found = outside_references(ROOT / rel, line)
     assert bool(found) == bad, found
+
+
+def test_the_readme_leads_with_the_first_ten_minutes_and_names_the_api_as_the_code_has_it():
+    """The four first-hour jobs come first, one block each; the catalogue API is named with every kind and subject."""
+    readme = (ROOT / "README.md").read_text()
+    first = readme.split("## Going further")[0]
+    for job in ("specverify audit --verifier", "specverify audit --decoder", "specverify audit --endpoint",
+                "pytest -m specverify"):  # fmt: skip
+        assert job in first, job
+    assert len(readme.splitlines()) < 200
+    usage = (DOCS / "usage.md").read_text()
+    for name in (*mutants.KINDS, *mutants.SUBJECTS):
+        assert f'"{name}"' in usage, name

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import specverify as sv
-from reference.uniforms import chain_kernel
 from specverify.adapters import flashinfer, layouts, vllm
 from specverify.core.errors import ImplementationError
+from specverify_reference.uniforms import chain_kernel
 
 SCENARIOS = ["pos8_uniform_k4", "markov8_temperature_k2"]
 

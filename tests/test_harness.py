@@ -7,7 +7,6 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reference.rules import verify as reference_verify
 from specverify.core import tables
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.verifier import zoo
@@ -20,6 +19,7 @@ from specverify.verifier.harness import (
     validate_verifier_output,
 )
 from specverify.verifier.strategies import table_models
+from specverify_reference.rules import verify as reference_verify
 
 
 def _fast(target_probs, draft_probs, draft_tokens, *, generator):

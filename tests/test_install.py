@@ -86,7 +86,7 @@ def test_the_ci_snippet_installs_this_suite_by_a_direct_reference():
 
 USER_SPEC = '''\
 """A user's verifier: the canonical rule, under the user's own name."""
-from reference.rules import verify as _canonical
+from specverify_reference.rules import verify as _canonical
 
 
 def verify(target_probs, draft_probs, draft_tokens, *, generator):
@@ -135,3 +135,13 @@ def test_the_ci_snippet_installs_the_suite_and_its_plugin_in_a_fresh_user_projec
     assert (project / "specverify.xml").is_file() and (project / "specverify-report" / "report.json").is_file()
     junit = (project / "specverify.xml").read_text()
     assert 'name="specverify[protocol]"' in junit and "<failure" not in junit
+
+
+def test_every_package_is_in_the_wheel_and_reference_installs_under_its_own_name():
+    """pyproject lists its packages (discovery cannot rename reference/): none may be missing."""
+    from setuptools import find_packages
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    assert set(find_packages(str(ROOT), include=["specverify", "specverify.*"])) <= listed
+    assert config["package-dir"] == {"specverify_reference": "reference"} and "reference" not in listed

@@ -17,10 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from reference import lossy
 from specverify.core import chain_laws
 from specverify.core.errors import InvalidArgument
 from specverify.core.sampling import sample
+from specverify_reference import lossy
 
 META_ALPHA = 1e-6
 N = 200_000

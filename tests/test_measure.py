@@ -15,12 +15,12 @@ import json
 
 import pytest
 
-from reference import lossy
-from reference.rules import verify as canonical_verify
 from specverify.cli import measure as measure_cli
 from specverify.core.errors import InvalidArgument
 from specverify.measure.chain import measure_divergence
 from specverify.verifier.scenarios import get_scenarios
+from specverify_reference import lossy
+from specverify_reference.rules import verify as canonical_verify
 
 LEVEL = 0.99
 
@@ -240,9 +240,9 @@ def test_hf_generate_ensemble_conforms_at_draft_positions():
 def test_tree_measure_sees_a_lossy_tree_rule_and_not_the_reference():
     """The reference tree rule measures 0 at every depth; the thresholds-below-one mutant (SGLang's lossy
     thresholds, planted) has a positive lower bound at depths 1 and 2 and accepts more per pass."""
-    from reference.tree_rules import verify_tree
     from specverify.measure.tree import measure_tree_divergence
     from specverify.mutants import by_name
+    from specverify_reference.tree_rules import verify_tree
 
     exact = measure_tree_divergence(verify_tree, scenario="markov8_topk_3x2", level=LEVEL)
     lossy_rule = measure_tree_divergence(by_name("thresholds_below_one").fn, scenario="markov8_topk_3x2", level=LEVEL)

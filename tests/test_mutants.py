@@ -26,12 +26,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from reference.rules import verify as reference_verify
 from specverify import stats
 from specverify.core.errors import InvalidArgument
 from specverify.core.sampling import sample
 from specverify.mutants import CATALOGUE, CatalogueEntry, by_name, entries
 from specverify.mutants import steps as S
+from specverify_reference.rules import verify as reference_verify
 
 ALPHA_MUTANT = 1e-9
 ALPHA_EQUIVALENT = 1e-7

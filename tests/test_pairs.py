@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 
-from reference.rules import verify as reference_verify
 from specverify import check_verifier
 from specverify.core.errors import InvalidArgument
 from specverify.core.tables import markov
@@ -25,6 +24,7 @@ from specverify.verifier import zoo
 from specverify.verifier.harness import run_harness
 from specverify.verifier.pairs import call_slots, declared_block_size
 from specverify.verifier.scenarios import get_scenarios
+from specverify_reference.rules import verify as reference_verify
 
 BOUNDARY = "pos8_boundary129_uniform_k2"
 

@@ -12,10 +12,10 @@ import functools
 import pytest
 import torch
 
-from reference.rules import verify as reference_verify
 from specverify.core.errors import InvalidArgument
 from specverify.mutants import by_name
 from specverify.selftest.peers import PEERS, PeerResult, peer_matrix
+from specverify_reference.rules import verify as reference_verify
 
 
 @functools.cache

@@ -18,13 +18,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats as _st
 
-from reference.rules import verify as canonical_verify
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.sampling import sample, uniform
 from specverify.core.tables import PositionalCategorical, markov, positional
 from specverify.decoder import check_decoder
 from specverify.decoder.pipeline import ProtocolDecoder, merge_stats
 from specverify.verifier import zoo
+from specverify_reference.rules import verify as canonical_verify
 
 ALPHA = 1e-7
 PROMPT = torch.tensor([3, 1, 4])

@@ -18,12 +18,12 @@ import pytest
 import torch
 from scipy import stats as sps
 
-from reference.decoder import SpeculativeDecoder
-from reference.direct import DirectSampler, TargetAdapter
-from reference.models import NGramDrafter, make_pair
-from reference.processors import GREEDY, SamplingConfig, logits_to_probs
 from specverify.core.errors import InvalidArgument
 from specverify.core.sampling import sample
+from specverify_reference.decoder import SpeculativeDecoder
+from specverify_reference.direct import DirectSampler, TargetAdapter
+from specverify_reference.models import NGramDrafter, make_pair
+from specverify_reference.processors import GREEDY, SamplingConfig, logits_to_probs
 
 ALPHA = 1e-7
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -9,9 +9,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference.direct import TargetAdapter
-from reference.models import ModelConfig, ModelDrafter, NGramDrafter, TinyTransformer, make_pair
-from reference.processors import (
+from specverify.core.errors import InvalidArgument
+from specverify_reference.direct import TargetAdapter
+from specverify_reference.models import ModelConfig, ModelDrafter, NGramDrafter, TinyTransformer, make_pair
+from specverify_reference.processors import (
     GREEDY,
     SamplingConfig,
     greedy_probs,
@@ -21,7 +22,6 @@ from reference.processors import (
     top_k_probs,
     top_p_probs,
 )
-from specverify.core.errors import InvalidArgument
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

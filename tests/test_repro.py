@@ -273,18 +273,18 @@ def _cheap_check(verify):
 
 
 def test_python_run_on_importable_objects_records_a_snippet_that_reruns_it():
-    from reference.rules import verify
+    from specverify_reference.rules import verify
 
     report = _cheap_check(verify)
     assert is_python_repro(report.command) and "specverify audit" not in report.command
     assert "this snippet reruns it" in report.command.splitlines()[0]
-    assert "from reference.rules import verify" in report.command
+    assert "from specverify_reference.rules import verify" in report.command
     assert "scenarios=['pos8_uniform_k4']" in report.command and "seed=2" in report.command
     _same_statistics(report, _rerun(report.command))
 
 
 def test_python_run_on_a_local_object_says_what_is_missing():
-    from reference.rules import verify as canonical
+    from specverify_reference.rules import verify as canonical
 
     def my_kernel(target_probs, draft_probs, draft_tokens, *, generator):
         return canonical(target_probs, draft_probs, draft_tokens, generator=generator)
@@ -303,7 +303,7 @@ def test_python_snippets_of_decoder_and_drafter_runs_name_their_objects():
 
     decoder = check_decoder(reference_decoder(), reference_target(), num_samples=50, max_new_tokens=2)
     assert is_python_repro(decoder.command) and "check_decoder(decoder, target" in decoder.command
-    assert "an instance of reference.decoder:SpeculativeDecoder" in decoder.command
+    assert "an instance of specverify_reference.decoder:SpeculativeDecoder" in decoder.command
     assert "num_samples=50" in decoder.command and "max_new_tokens=2" in decoder.command
     drafter = audit_drafter(zoo_drafter(name="oracle", vocab_size=4), table_target(vocab_size=4), draft_cost=0.2)
     assert is_python_repro(drafter.command) and "audit_drafter(drafter, target" in drafter.command
@@ -313,14 +313,14 @@ def test_python_snippets_of_decoder_and_drafter_runs_name_their_objects():
 
 
 def test_python_repro_helpers():
-    from reference.rules import verify
+    from specverify_reference.rules import verify
 
-    assert spec_of(verify) == "reference.rules:verify"
+    assert spec_of(verify) == "specverify_reference.rules:verify"
     assert spec_of(lambda x: x) is None and spec_of(3) is None
     snippet = python_repro("m.n:f", {"x": verify}, {"alpha": 0.5, "names": ("a",), "skip": None})
     assert snippet.splitlines()[1:] == [
         "from m.n import f",
-        "from reference.rules import verify as x",
+        "from specverify_reference.rules import verify as x",
         "report = f(x, alpha=0.5, names=('a',))",
     ]
 

@@ -16,10 +16,10 @@ from _strategies import normalise, pooled_chisquare, weight_rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference.rules import check_verifier_inputs, greedy_verify, residual_weights, verify
 from specverify.core import chain_laws
 from specverify.core.sampling import sample, uniform
 from specverify.mutants import by_name
+from specverify_reference.rules import check_verifier_inputs, greedy_verify, residual_weights, verify
 
 ALPHA = 1e-7
 

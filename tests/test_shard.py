@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import specverify as sv
-from reference.rules import verify
 from specverify.core.errors import InvalidArgument
 from specverify.core.seeds import group_seed
 from specverify.mutants import by_name
@@ -22,6 +21,7 @@ from specverify.shard.collect import Parallel, collect_runs
 from specverify.shard.faults import KillOnce
 from specverify.verifier.runs import ChainRunner, merge_runs
 from specverify.verifier.scenarios import get_scenarios
+from specverify_reference.rules import verify
 
 SCENARIOS = ["pos8_uniform_k4", "pos2_least_likely_k2"]
 
@@ -166,7 +166,7 @@ def test_ctrl_c_stops_the_workers():
 
 
 def test_tree_battery_sharded_equals_inline():
-    from reference.tree_rules import verify_tree
+    from specverify_reference.tree_rules import verify_tree
 
     names = ["markov8_iid_2x2", "markov8_topk_3x2"]
     inline = sv.check_tree_verifier(verify_tree, scenarios=names)

@@ -12,12 +12,12 @@ import json
 
 import pytest
 
-from reference import lossy
 from specverify.cli.commands import main
 from specverify.core.errors import InvalidArgument
 from specverify.measure.costmodel import expected_tokens_per_round
 from specverify.measure.sweep import SweepResult, sweep
 from specverify.report.sweep import render_sweep_html, render_sweep_markdown, write_sweep
+from specverify_reference import lossy
 
 LEVEL = 0.99
 WEIGHTS = (0.2, 0.6, 1.0)

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 import specverify as sv
-from reference.rules import verify as reference_verify
-from reference.uniforms import chain_kernel, verify, verify_seed_offset
 from specverify.core.errors import InvalidArgument
 from specverify.mutants import by_name
 from specverify.protocols.uniforms import draw_chain_uniforms, draw_seed_offset, seed_offset_in, uniforms_in
 from specverify.selftest.entry_scenarios import MUTANT_SCENARIOS
+from specverify_reference.rules import verify as reference_verify
+from specverify_reference.uniforms import chain_kernel, verify, verify_seed_offset
 
 
 def _inputs(B=512, K=3, V=7, seed=0):

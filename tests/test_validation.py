@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-from reference.rules import greedy_verify, verify
 from specverify.core import chain_laws
 from specverify.core.errors import InvalidArgument, SpecVerifyError
 from specverify.core.sampling import sample
@@ -26,6 +25,7 @@ from specverify.core.validation import (
     check_shape,
     check_tokens,
 )
+from specverify_reference.rules import greedy_verify, verify
 
 B, K, V = 3, 2, 4
 GOOD_T = torch.full((B, K + 1, V), 1.0 / V)  # (B, K+1, V)

@@ -39,14 +39,14 @@ from pathlib import Path
 import torch
 
 import specverify as sv
-from reference.decoder import SpeculativeDecoder
-from reference.direct import DirectSampler
-from reference.models import make_pair
-from reference.processors import SamplingConfig
-from reference.rules import verify as reference_verify
 from specverify.measure.costmodel import target_pass_seconds
 from specverify.report import write_report
 from specverify.verifier.scenarios import TIER_SCALE
+from specverify_reference.decoder import SpeculativeDecoder
+from specverify_reference.direct import DirectSampler
+from specverify_reference.models import make_pair
+from specverify_reference.processors import SamplingConfig
+from specverify_reference.rules import verify as reference_verify
 
 #: Sizes of the real run and of the dry run.
 SIZES = {

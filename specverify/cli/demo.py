@@ -13,8 +13,8 @@ import time
 
 import torch
 
-from reference.rules import verify
 from specverify.core.sampling import sample
+from specverify_reference.rules import verify
 
 
 def adversarial_draft_probs(target_probs: torch.Tensor, mass: float = 0.9) -> torch.Tensor:

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import torch
 
-from reference.decoder import SpeculativeDecoder
-from reference.direct import DirectSampler, TargetAdapter
-from reference.models import make_pair
-from reference.processors import SamplingConfig
 from specverify.core import tables
 from specverify.core.errors import InvalidArgument
 from specverify.verifier import zoo
+from specverify_reference.decoder import SpeculativeDecoder
+from specverify_reference.direct import DirectSampler, TargetAdapter
+from specverify_reference.models import make_pair
+from specverify_reference.processors import SamplingConfig
 
 __all__ = ["reference_decoder", "reference_target", "direct_sampler", "table_target", "zoo_drafter"]
 

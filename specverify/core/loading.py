@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import os
 import sys
 from collections.abc import Mapping
@@ -11,7 +12,15 @@ from typing import Any
 
 from specverify.core.errors import InvalidArgument
 
-__all__ = ["load_object", "parse_options", "put_on_import_path", "moved_module", "MOVED_MODULES"]
+__all__ = [
+    "load_object",
+    "parse_options",
+    "put_on_import_path",
+    "moved_module",
+    "reference_alias",
+    "MOVED_MODULES",
+    "REFERENCE_PACKAGE",
+]
 
 #: Modules that moved (old name -> new name), named in the error of a spec that still uses the
 #: old one (reports and scripts written before the move do).
@@ -75,6 +84,33 @@ def moved_module(module_name: str, attr: str = "") -> str | None:
     return moved
 
 
+#: The installed name of the repository's ``reference/`` directory (the reference implementations).
+REFERENCE_PACKAGE = "specverify_reference"
+
+
+def reference_alias(module_name: str) -> str:
+    """``reference.X`` in a spec names ``specverify_reference.X``, unless a package ``reference`` of the user's own is importable.
+
+    The repository's ``reference/`` directory installs as ``specverify_reference`` (a top-level
+    ``reference`` could clash with a user's package).  Specs written ``reference.rules:verify`` --
+    the README's, the recorded commands of reports -- keep working: from a checkout (where
+    ``reference/`` is that same directory) and once installed.  A ``reference`` package that is
+    not this one is the user's, and is used as it is.
+    """
+    if module_name != "reference" and not module_name.startswith("reference."):
+        return module_name
+    theirs = importlib.util.find_spec("reference")
+    ours = importlib.util.find_spec(REFERENCE_PACKAGE)
+    if ours is None:
+        return module_name
+    if theirs is not None:
+        their_dirs = {os.path.realpath(p) for p in theirs.submodule_search_locations or ()}
+        our_dirs = {os.path.realpath(p) for p in ours.submodule_search_locations or ()}
+        if not their_dirs & our_dirs:
+            return module_name  # the user's own package named reference
+    return REFERENCE_PACKAGE + module_name[len("reference") :]
+
+
 def put_on_import_path(directory: str | os.PathLike | None = None) -> None:
     """Put ``directory`` (default: the working directory) first on ``sys.path`` unless it is there.
 
@@ -110,10 +146,11 @@ def load_object(spec: str, *, argument: str = "spec") -> Any:
     module_name, attr_path = spec.split(":")
     if not module_name or not attr_path:
         raise InvalidArgument(f"{argument} must look like 'package.module:name', got {spec!r}")
+    written, module_name = module_name, reference_alias(module_name)
     try:
         obj = importlib.import_module(module_name)
     except ImportError as error:
-        moved = moved_module(module_name, attr_path)
+        moved = moved_module(written, attr_path) or moved_module(module_name, attr_path)
         hint = f"; it is now {moved!r}: {moved}:{attr_path}" if moved else _not_found_hint(error, module_name)
         raise InvalidArgument(f"{argument}={spec!r}: cannot import module {module_name!r} ({error}){hint}") from error
     for part in attr_path.split("."):

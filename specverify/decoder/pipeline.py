@@ -41,10 +41,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from reference.rules import verify as canonical_verify
 from specverify.core.devices import check_device, check_prob_dtype
 from specverify.core.errors import ImplementationError, InvalidArgument, raised
 from specverify.core.validation import check_int, check_tokens
+from specverify_reference.rules import verify as canonical_verify
 
 __all__ = [
     "ProtocolDecoder",

@@ -44,7 +44,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from reference.rules import verify as canonical_verify
 from specverify import stats
 from specverify.core.devices import check_device, check_prob_dtype, dtype_name
 from specverify.core.environment import callable_name
@@ -56,6 +55,7 @@ from specverify.core.validation import check_bool, check_int, check_run_options
 from specverify.decoder import check_decoder
 from specverify.decoder.pipeline import ProtocolDecoder, merge_stats
 from specverify.decoder.protocol import ProgressTicker, make_prompts, next_token_probs
+from specverify_reference.rules import verify as canonical_verify
 
 from .acceptance import acceptance_entry, acceptance_results, efficiency_section
 from .consistency import analyse_consistency, check_drafter_determinism, consistency_summary, draw_drafts

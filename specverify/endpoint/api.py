@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from reference.processors import SamplingConfig, logits_to_probs
 from specverify.core.errors import InvalidArgument
 from specverify.endpoint.http import EndpointError, server_text
+from specverify_reference.processors import SamplingConfig, logits_to_probs
 
 __all__ = [
     "Sampling",

@@ -36,13 +36,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 
-from reference.decoder import SpeculativeDecoder
-from reference.direct import DirectSampler
-from reference.models import make_pair
-from reference.processors import SamplingConfig
 from specverify.core.errors import SpecVerifyError
 from specverify.endpoint.hostile import MISBEHAVIOURS, gzip_bomb, play, redirect_listing, targets
 from specverify.mutants.decoder import VISIBILITY, fault_visibility, make_decoder_mutant
+from specverify_reference.decoder import SpeculativeDecoder
+from specverify_reference.direct import DirectSampler
+from specverify_reference.models import make_pair
+from specverify_reference.processors import SamplingConfig
 
 __all__ = ["CompletionServer", "make_server", "main"]
 

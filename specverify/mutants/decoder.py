@@ -32,11 +32,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from reference.decoder import SpeculativeDecoder
-from reference.processors import SamplingConfig, logits_to_probs
 from specverify.core.errors import InvalidArgument
 from specverify.core.sampling import sample
 from specverify.mutants.entry import CatalogueEntry
+from specverify_reference.decoder import SpeculativeDecoder
+from specverify_reference.processors import SamplingConfig, logits_to_probs
 
 __all__ = [
     "NoTargetRollback",

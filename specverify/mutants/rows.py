@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import torch
 
-from reference.rules import verify as reference_verify
 from specverify.core.sampling import uniform
 from specverify.mutants import steps as S
 from specverify.mutants.entry import CatalogueEntry
+from specverify_reference.rules import verify as reference_verify
 
 __all__ = ["ENTRIES", "TILE"]
 

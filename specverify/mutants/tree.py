@@ -37,9 +37,9 @@ from dataclasses import dataclass
 
 import torch
 
-from reference.tree_rules import canonical_residual, drop_token
 from specverify.core.sampling import inverse_cdf
 from specverify.protocols.tree import PAD, children_table, node_depths, uniforms_in
+from specverify_reference.tree_rules import canonical_residual, drop_token
 
 __all__ = ["ENTRIES", "IID_OR_TOPK", "TOPK_OR_ANY", "SiblingSteps", "coin_walk", "sibling_walk", "target_only"]
 

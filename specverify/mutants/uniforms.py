@@ -14,11 +14,11 @@ coins from its generator exactly as it would for a GPU kernel (FlashInfer, SGLan
 
 from __future__ import annotations
 
-from reference.rules import check_verifier_inputs
-from reference.uniforms import _assemble, accept_with_uniforms, final_draw
-from reference.uniforms import verify as canonical_uniforms
 from specverify.mutants.entry import CatalogueEntry
 from specverify.protocols.uniforms import uniforms_in
+from specverify_reference.rules import check_verifier_inputs
+from specverify_reference.uniforms import _assemble, accept_with_uniforms, final_draw
+from specverify_reference.uniforms import verify as canonical_uniforms
 
 __all__ = ["ENTRIES", "reuse_rejected_kernel"]
 

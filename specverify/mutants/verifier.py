@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import torch
 
-from reference.rules import greedy_verify
-from reference.rules import verify as reference_verify
 from specverify.core.sampling import sample
 from specverify.mutants import steps as S
 from specverify.mutants.entry import CatalogueEntry
+from specverify_reference.rules import greedy_verify
+from specverify_reference.rules import verify as reference_verify
 
 __all__ = ["ENTRIES"]
 

@@ -100,10 +100,10 @@ def _row(group, name, kind, provenance, expected_fail, report, seconds, samples_
 
 def run_decoder_mutants(*, tier: str, seed: int, alpha: float, names=None) -> list[dict]:
     """One row per decoder mutant (``lossy=False`` ones are expected to pass)."""
-    from reference.direct import TargetAdapter
-    from reference.models import make_pair
     from specverify.decoder import TIER_PLANS, check_decoder
     from specverify.mutants import entries
+    from specverify_reference.direct import TargetAdapter
+    from specverify_reference.models import make_pair
 
     target, drafter = make_pair(vocab_size=32, seed=3, d_model=32, n_layers=2, n_heads=2, draft_layers=1)
     plan = TIER_PLANS[tier]

@@ -44,7 +44,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from reference.rules import greedy_verify
 from specverify import stats
 from specverify.core.devices import check_device, check_prob_dtype, device_extra, device_keywords
 from specverify.core.environment import callable_name, environment
@@ -61,6 +60,7 @@ from specverify.verifier.harness import HarnessRun, run_harness
 from specverify.verifier.pairs import declared_block_size, dependence_results
 from specverify.verifier.runs import ChainRunner, run_battery
 from specverify.verifier.scenarios import TIERS, Scenario, get_scenarios
+from specverify_reference.rules import greedy_verify
 
 __all__ = [
     "check_verifier",

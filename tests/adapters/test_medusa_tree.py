@@ -18,11 +18,11 @@ import torch
 from _adapter_trees import TREE
 from _medusa import medusa_formula
 
-from reference import lossy
 from specverify.adapters.medusa import chain as chain_adapter
 from specverify.adapters.medusa import tree as adapter
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.protocols.tree import PAD, TreeBatch, check_tree_output
+from specverify_reference import lossy
 
 try:
     import medusa.model.utils  # noqa: F401

@@ -14,8 +14,8 @@ from collections import defaultdict
 
 import torch
 
-from reference.block import block_thresholds, block_weights
 from specverify.core.tables import TableModel
+from specverify_reference.block import block_thresholds, block_weights
 
 
 def _fold(model: TableModel, context: int, tokens) -> int:

@@ -20,12 +20,12 @@ from _trees import table_pairs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference.block import verify
-from reference.rules import verify as token_wise_verify
 from specverify.core.errors import InvalidArgument
 from specverify.core.sampling import sample
 from specverify.core.tables import PositionalCategorical, markov, positional
 from specverify.verifier.tree.laws import sequence_law
+from specverify_reference.block import verify
+from specverify_reference.rules import verify as token_wise_verify
 
 ATOL = 1e-12
 ALPHA = 1e-6

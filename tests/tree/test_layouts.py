@@ -16,7 +16,6 @@ from _trees import FIXED_TREES, fixed_rows, tree_shapes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference.tree_rules import verify_tree
 from specverify.adapters.layouts import (
     eagle_candidates,
     from_eagle,
@@ -31,6 +30,7 @@ from specverify.adapters.layouts import (
 from specverify.core.errors import InvalidArgument
 from specverify.protocols.tree import PAD, TreeBatch, check_tree_output, uniforms_in
 from specverify.verifier.tree.laws import conditional_round_law
+from specverify_reference.tree_rules import verify_tree
 
 ALPHA = 1e-6
 

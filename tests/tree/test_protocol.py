@@ -7,7 +7,6 @@ import torch
 from _trees import FIXED_TREES, fixed_rows, tree_shapes
 from hypothesis import given, settings
 
-from reference.tree_rules import verify_tree, verify_tree_coins
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.protocols.tree import (
     PAD,
@@ -19,6 +18,7 @@ from specverify.protocols.tree import (
     node_depths,
     uniforms_in,
 )
+from specverify_reference.tree_rules import verify_tree, verify_tree_coins
 
 V = 4
 

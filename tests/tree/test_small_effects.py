@@ -11,13 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reference.tree_rules import verify_tree_coins
 from specverify import mutants
 from specverify.core.errors import InvalidArgument
 from specverify.mutants.tree import ghost_parents
 from specverify.protocols.tree import PAD, ROOT, check_parents, draw_uniforms
 from specverify.verifier.tree.drafting import TreeDrafting, draft_trees
 from specverify.verifier.tree.scenarios import get_tree_scenarios
+from specverify_reference.tree_rules import verify_tree_coins
 
 
 def _trees(spec: TreeDrafting, b: int = 256, seed: int = 0):

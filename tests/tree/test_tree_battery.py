@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reference.tree_rules import verify_tree
 from specverify import mutants
 from specverify.core.errors import InvalidArgument
 from specverify.protocols.tree import PAD, ROOT, TreeBatch, check_parents
@@ -19,6 +18,7 @@ from specverify.verifier.tree.chain import as_chain_verifier
 from specverify.verifier.tree.drafting import TreeDrafting, draft_trees
 from specverify.verifier.tree.harness import _AcceptProbs, run_tree_harness
 from specverify.verifier.tree.scenarios import TREE_SCENARIOS, get_tree_scenarios
+from specverify_reference.tree_rules import verify_tree
 
 ALPHA = 1e-3
 TREE_ENTRIES = mutants.entries(subject="tree")
@@ -42,8 +42,8 @@ def test_reference_rules_pass_every_tree_scenario():
 
 
 def test_reference_uniforms_in_kernel_runs_the_edge_coin_scenario():
-    from reference.tree_rules import verify_tree_coins
     from specverify.protocols.tree import uniforms_in
+    from specverify_reference.tree_rules import verify_tree_coins
 
     report = check_tree_verifier(
         uniforms_in(verify_tree_coins), tier="smoke", seed=0, scenarios=["pos32_disjoint_edge_coins"]

@@ -18,10 +18,10 @@ from _trees import FIXED_TREES, batch_of, fixed_rows, tree_shapes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference.tree_rules import verify_tree
 from specverify.core.errors import InvalidArgument
 from specverify.protocols.tree import TreeBatch, check_tree_output
 from specverify.verifier.tree.laws import conditional_round_law
+from specverify_reference.tree_rules import verify_tree
 
 ALPHA = 1e-6
 V = 4

@@ -19,8 +19,6 @@ from unittest import mock
 import pytest
 import torch
 
-from reference import rules
-from reference.rules import check_verifier_inputs
 from specverify.core import tables, validation
 from specverify.core.errors import InvalidArgument
 from specverify.core.rowsums import plainly_normalised
@@ -30,6 +28,8 @@ from specverify.protocols.chain import validate_verifier_output
 from specverify.verifier import zoo
 from specverify.verifier.harness import _Transitions
 from specverify.verifier.rounds import _ContextSampler, _Group
+from specverify_reference import rules
+from specverify_reference.rules import check_verifier_inputs
 
 
 def _full_check_accepts(target, draft, tokens) -> bool:

@@ -101,11 +101,11 @@ def _one(battery: str, seed: int) -> dict:
 
     start = time.perf_counter()
     if battery == "chain":
-        from reference.rules import verify
+        from specverify_reference.rules import verify
 
         report = sv.check_verifier(verify, tier="smoke", seed=seed, alpha=ALPHA)
     elif battery == "tree":
-        from reference.tree_rules import verify_tree
+        from specverify_reference.tree_rules import verify_tree
 
         report = sv.check_tree_verifier(verify_tree, tier="smoke", seed=seed, alpha=ALPHA)
     else:

@@ -101,7 +101,7 @@ def run_cli(name: str) -> int:
 
 
 def hf_ensemble_kernel() -> int:
-    from reference.lossy import ensemble_declared_law
+    from specverify_reference.lossy import ensemble_declared_law
     from specverify.adapters.hf.kernel import SpeculativeSamplingVerifier
     from specverify.report.sweep import write_sweep
     from specverify.measure.sweep import sweep
@@ -129,7 +129,7 @@ def hf_ensemble_kernel() -> int:
 def hf_ensemble_generate() -> int:
     import torch
 
-    from reference.lossy import ensemble_declared_law
+    from specverify_reference.lossy import ensemble_declared_law
     from specverify.adapters.hf import HFTarget, tiny_assisted_decoder
     from specverify.measure.decoder import measure_decoder_divergence
     from specverify.core.files import atomic_write_text
@@ -189,7 +189,7 @@ class ExactnessTally:
     def wrap(self, adapter):
         import torch
 
-        from reference.lossy import typical_tree_verify, typical_tree_walk
+        from specverify_reference.lossy import typical_tree_verify, typical_tree_walk
 
         def verify_tree(target_probs, draft_probs, tokens, parents, *, mode, generator):
             state = generator.get_state()

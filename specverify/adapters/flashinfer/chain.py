@@ -22,12 +22,12 @@ from collections.abc import Callable
 
 import torch
 
-from reference.rules import check_verifier_inputs
 from specverify.adapters.layouts import from_padded
 from specverify.adapters.runtime import missing_package
 from specverify.core.errors import ImplementationError
 from specverify.core.validation import check_bool
 from specverify.protocols.uniforms import seed_offset_in, uniforms_in
+from specverify_reference.rules import check_verifier_inputs
 
 __all__ = ["flashinfer_chain_verifier", "flashinfer_chain"]
 

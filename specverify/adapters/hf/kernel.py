@@ -43,10 +43,10 @@ import inspect
 
 import torch
 
-from reference.rules import check_verifier_inputs
 from specverify.adapters.runtime import torch_threads
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.validation import check_float, check_generator, check_int
+from specverify_reference.rules import check_verifier_inputs
 
 try:
     import transformers

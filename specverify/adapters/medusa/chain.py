@@ -51,13 +51,13 @@ from __future__ import annotations
 
 import torch
 
-from reference.lossy import typical_declared_law
-from reference.rules import check_verifier_inputs
 from specverify.adapters.runtime import torch_threads
 from specverify.core.chain_laws import typical_threshold
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.sampling import sample
 from specverify.core.validation import check_float, check_generator, check_int
+from specverify_reference.lossy import typical_declared_law
+from specverify_reference.rules import check_verifier_inputs
 
 __all__ = [
     "MedusaTypicalVerifier",

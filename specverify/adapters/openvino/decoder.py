@@ -354,7 +354,7 @@ class OpenVINOTarget:
     """
 
     def __init__(self, model_dir, *, temperature=1.0, top_k=0, top_p=1.0, num_threads=1):
-        from reference.processors import SamplingConfig
+        from specverify_reference.processors import SamplingConfig
 
         self.model_dir = str(model_dir)
         self.options = sampling_options(temperature, top_k, top_p)
@@ -402,13 +402,13 @@ class OpenVINOTarget:
 
     def next_token_probs(self, prefix: torch.Tensor) -> torch.Tensor:
         """Processed law of the next token after each row of ``prefix`` (B, T) -> (B, V) float64."""
-        from reference.processors import logits_to_probs
+        from specverify_reference.processors import logits_to_probs
 
         return logits_to_probs(self.logits(prefix)[:, -1], self.config)  # (B, V)
 
     def conditionals(self, sequences: torch.Tensor, start: int) -> torch.Tensor:
         """Teacher-forced processed conditionals of ``sequences[:, start:]`` (B, S) -> (B, S - start, V)."""
-        from reference.processors import logits_to_probs
+        from specverify_reference.processors import logits_to_probs
 
         S = check_shape("sequences", sequences, (None, None)).shape[1]
         start = check_int("start", start, minimum=1, maximum=S - 1)

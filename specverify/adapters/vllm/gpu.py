@@ -18,12 +18,12 @@ from collections.abc import Callable
 
 import torch
 
-from reference.rules import check_verifier_inputs
 from specverify.adapters.layouts import from_padded
 from specverify.adapters.runtime import missing_package
 from specverify.core.errors import ImplementationError, raised
 from specverify.core.sampling import sample
 from specverify.core.validation import check_generator
+from specverify_reference.rules import check_verifier_inputs
 
 __all__ = ["vllm_rejection_sample_verifier", "vllm_rejection_sample"]
 

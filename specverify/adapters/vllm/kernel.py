@@ -53,7 +53,6 @@ import functools
 
 import torch
 
-from reference.rules import check_verifier_inputs
 from specverify.adapters.runtime import torch_threads
 from specverify.adapters.vllm.layout import (
     engine_logits,
@@ -66,6 +65,7 @@ from specverify.adapters.vllm.layout import (
 from specverify.core.errors import ImplementationError, InvalidArgument
 from specverify.core.sampling import sample
 from specverify.core.validation import check_bool, check_generator, check_int
+from specverify_reference.rules import check_verifier_inputs
 
 __all__ = [
     "load_vllm",
