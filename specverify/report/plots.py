@@ -92,12 +92,32 @@ def render_plots(report: Report) -> PlotSet:
     return PlotSet(plots, None)
 
 
+#: Characters of a legend label at most (longer ones are cut with "...").
+LEGEND_LABEL = 40
+
+
+def _fitted(title: str, width: int = 90) -> str:
+    """A title in at most two lines of ``width`` characters (a long scenario name must not squeeze the axes away)."""
+    import textwrap
+
+    lines = textwrap.wrap(title, width, break_long_words=True) or [""]
+    if len(lines) > 2:
+        lines = [lines[0], lines[1][: width - 3] + "..."]
+    return "\n".join(lines)
+
+
 def _legend(ax, *, above: bool = False) -> None:
     """The axes' legend outside its data: to the right, or in a row above (the constrained layout makes room)."""
     if above:
-        ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=4, fontsize=8, frameon=False, borderaxespad=0.2)
+        legend = ax.legend(
+            loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=4, fontsize=8, frameon=False, borderaxespad=0.2
+        )
     else:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False, borderaxespad=0.0)
+        legend = ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False, borderaxespad=0.0)
+    for text in legend.get_texts():  # a long name (a scenario's) must not squeeze the axes away
+        label = text.get_text()
+        if len(label) > LEGEND_LABEL:
+            text.set_text(label[: LEGEND_LABEL - 3] + "...")
 
 
 def _histogram_results(results: Sequence[TestResult]) -> list[TestResult]:
@@ -140,9 +160,8 @@ def _histogram(r: TestResult, new_figure, encode) -> Plot:
         top.set_yscale("log")
     top.set_ylabel("count")
     _legend(top, above=True)
-    top.set_title(
-        f"{c.test_label(r)}: p={c.fmt(r.pvalue)}, N={c.fmt_int(r.n)} [{(r.grade or '?').upper()}]", loc="left", pad=16
-    )
+    title = f"{c.test_label(r)}: p={c.fmt(r.pvalue)}, N={c.fmt_int(r.n)} [{(r.grade or '?').upper()}]"
+    top.set_title(_fitted(title), loc="left", pad=16)
     for level in (-3, 3):
         bottom.axhline(level, color="black", lw=0.6, ls="--")
     bottom.axhline(0, color="black", lw=0.6)
