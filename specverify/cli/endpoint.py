@@ -8,14 +8,11 @@ API key is never part of it: only the name of the variable that holds it).
 from __future__ import annotations
 
 import dataclasses
-import os
 import shlex
 import sys
 
 from specverify.cli.argtypes import nonnegative_float, nonnegative_int, positive_float, positive_int, probability
 from specverify.core.errors import InvalidArgument
-
-DEFAULT_KEY_ENV = "SPECVERIFY_API_KEY"  # specverify.endpoint.http's (not imported: the CLI starts without it)
 
 __all__ = ["add_arguments", "run_endpoint_audit", "endpoint_command", "CONFLICTS"]
 
@@ -90,12 +87,10 @@ def add_arguments(audit) -> None:
 
 
 def _check(args) -> None:
-    if args.api_key_env is not None and not os.environ.get(args.api_key_env):  # named: must hold a key
-        state = "empty" if args.api_key_env in os.environ else "not set"
-        raise InvalidArgument(
-            f"--api-key-env names ${args.api_key_env}, which is {state}: set it to the key, or leave the option out "
-            "to send none"
-        )
+    if args.api_key_env is not None:  # a named variable must hold a key (checked before torch is imported)
+        from specverify.endpoint.http import key_variable
+
+        key_variable(args.api_key_env)
     if not args.model:
         raise InvalidArgument("--endpoint needs --model NAME (the served model's name)")
     given = [f"--{name.replace('_', '-')}" for name in CONFLICTS if getattr(args, name, None) not in (None, False, [])]
@@ -184,7 +179,7 @@ def _check_endpoint(args, progress, announce):
         out_dir=args.out,
         concurrency=args.concurrency,
         samples_per_request=args.samples_per_request,
-        key_env=args.api_key_env or DEFAULT_KEY_ENV,
+        key_env=args.api_key_env,
         timeout=args.request_timeout,
         read_timeout=args.read_timeout,
         retries=args.retries,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+import reprlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -152,9 +153,8 @@ def _choices(reply, what: str, limit: int) -> list:
 
 
 def _preview(value) -> str:
-    """A short repr of a (possibly huge) decoded JSON value."""
-    text = repr(value) if not isinstance(value, (dict, list)) else repr(value)[:200]
-    return text[:200]
+    """A short repr of a (possibly huge) decoded JSON value, built without walking all of it."""
+    return reprlib.repr(value)
 
 
 def _is_int(value) -> bool:

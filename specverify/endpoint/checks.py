@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -43,7 +42,7 @@ from specverify.endpoint.api import (
     teacher_forcing_body,
     teacher_forcing_reply_bytes,
 )
-from specverify.endpoint.http import DEFAULT_KEY_ENV, EndpointError, HttpClient, Limits, server_text
+from specverify.endpoint.http import EndpointError, HttpClient, Limits, key_variable, server_text
 from specverify.endpoint.invariance import SCENARIO as INVARIANCE_SCENARIO
 from specverify.endpoint.invariance import batch_invariance as batch_invariance_tests
 from specverify.endpoint.pool import Fetcher
@@ -340,19 +339,6 @@ def _run_battery(fetcher, under_test, target_side, mode, sampling, vocab, prompt
     return report, target, invariance
 
 
-def check_key_env(key_env) -> None:
-    """A named key variable must be set: the default may be unset (no key), another name must hold a key."""
-    if key_env is None:
-        return
-    if not isinstance(key_env, str) or not key_env:
-        raise InvalidArgument(f"key_env must be the name of an environment variable, got {key_env!r}")
-    if key_env != DEFAULT_KEY_ENV and not os.environ.get(key_env):
-        raise InvalidArgument(
-            f"--api-key-env names ${key_env}, which is {'empty' if key_env in os.environ else 'not set'}: "
-            "set it to the key, or leave the option out to send none"
-        )
-
-
 def check_endpoint(
     url: str,
     model: str,
@@ -372,7 +358,7 @@ def check_endpoint(
     out_dir=None,
     concurrency: int = 8,
     samples_per_request: int = 1,
-    key_env: str | None = DEFAULT_KEY_ENV,
+    key_env: str | None = None,
     timeout: float = 600.0,
     read_timeout: float = 120.0,
     retries: int = 6,
@@ -408,8 +394,8 @@ def check_endpoint(
     samples_per_request : int
         Continuations per sampling request (``n``).
     key_env : str or None
-        Environment variable holding the API key (never recorded).  The default variable may be
-        unset (no key is sent); another name must be set and not empty.
+        Environment variable holding the API key (never recorded).  None: ``SPECVERIFY_API_KEY``,
+        which may be unset (no key is sent); a named variable must be set and not empty.
     timeout : float
         Seconds one request may take, connecting to the last byte of its reply.
     read_timeout : float
@@ -460,7 +446,7 @@ def check_endpoint(
         raise InvalidArgument(f"tier must be one of {sorted(TIER_PLANS)}, got {tier!r}")
     if two_sample and not reference_url:
         raise InvalidArgument("two_sample=True needs reference_url (the same model served without speculation)")
-    check_key_env(key_env)
+    key_env = key_variable(key_env)
     mode = "two_sample" if two_sample else "exact"
     prompt_lists = _load_prompts(prompts)
     limits = Limits(read_timeout=min(read_timeout, timeout), request_timeout=timeout, retries=retries)

@@ -44,6 +44,7 @@ __all__ = [
     "decode_json",
     "server_text",
     "is_loopback",
+    "key_variable",
     "MODELS_REPLY_BYTES",
 ]
 
@@ -139,6 +140,25 @@ def server_message(raw: bytes, secrets: tuple[str, ...] = ()) -> str:
         if isinstance(data.get("detail"), str):
             return server_text(data["detail"], limit=500, secrets=secrets)
     return server_text(raw, secrets=secrets)
+
+
+def key_variable(named: str | None) -> str:
+    """The environment variable the API key is read from.
+
+    None (nothing named): :data:`DEFAULT_KEY_ENV`, which may be unset (no key is sent).  A named
+    variable is one the user means to send: unset or empty, it is an :class:`InvalidArgument`
+    before any request.
+    """
+    if named is None:
+        return DEFAULT_KEY_ENV
+    if not isinstance(named, str) or not named:
+        raise InvalidArgument(f"key_env must be the name of an environment variable, got {named!r}")
+    if not os.environ.get(named):
+        state = "empty" if named in os.environ else "not set"
+        raise InvalidArgument(
+            f"--api-key-env names ${named}, which is {state}: set it to the key, or leave the option out to send none"
+        )
+    return named
 
 
 def is_loopback(host: str) -> bool:

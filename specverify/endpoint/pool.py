@@ -233,9 +233,9 @@ class Fetcher:
             client.abort()
 
     def _check_stored(self, request: Request, key: str) -> None:
-        if request.check is None or self.store.roles.get(key) != request.role:
-            if self.store.roles.get(key) not in (None, request.role):
-                raise EndpointError(f"{self.store.path}: the stored reply {key} belongs to another role")
+        if self.store.roles.get(key) != request.role:
+            raise EndpointError(f"{self.store.path}: the stored reply {key} belongs to another role")
+        if request.check is None:
             return
         try:
             good = bool(request.check(self.store.get(key)))

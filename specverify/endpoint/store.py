@@ -103,7 +103,6 @@ class SampleStore:
         self.roles: dict[str, str] = {}
         self.loaded = 0  # replies found on opening (a resumed audit)
         self.appended = 0
-        self.dropped_tail = 0  # bytes of a cut last line set apart on opening
         self._lock = threading.Lock()
         self._lockfile = self._acquire()
         try:
@@ -204,7 +203,6 @@ class SampleStore:
             self._handle.write(b"\n")
         elif contents.tail:  # cut short by an interruption (or whitespace): set apart, its request is sent again
             self._handle.truncate(len(raw) - len(contents.tail))
-            self.dropped_tail = len(contents.tail.strip())
         self._handle.flush()
         self._last = contents.last_sum
         self.loaded = len(self.replies)

@@ -257,11 +257,8 @@ def exchange(
             ) from None
         if isinstance(error, TimeoutError):
             raise TransportError(f"the server sent nothing for {limits.read_timeout:g} s", transient=True) from None
-        if isinstance(error, http.client.HTTPException) and not isinstance(
-            error, (http.client.IncompleteRead, http.client.RemoteDisconnected)
-        ):
-            if "more than" in str(error) and "headers" in str(error):
-                raise TransportError(f"not a valid HTTP reply: {_short(str(error))}", transient=False) from None
+        if isinstance(error, http.client.HTTPException) and str(error).startswith("got more than"):  # 100 headers
+            raise TransportError(f"not a valid HTTP reply: {_short(str(error))}", transient=False) from None
         reason = _os_reason(error) if isinstance(error, OSError) else type(error).__name__
         raise TransportError(f"the connection failed: {reason}", transient=True) from None
     finally:
