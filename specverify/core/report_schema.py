@@ -10,6 +10,7 @@ strings (how the writer spells them) are read back as floats.
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,8 +24,7 @@ _FLOAT_WORDS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "infinity":
 
 
 def _where(field: str, value: Any, wanted: str) -> InvalidArgument:
-    shown = repr(value)
-    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    shown = reprlib.repr(value)  # bounded: a field may hold megabytes
     field = "".join(c if c.isprintable() else "?" for c in field[:80])  # a key may hold anything
     return InvalidArgument(f"report field {field} must be {wanted}, got {shown}")
 
@@ -65,7 +65,7 @@ def checked_result(data: Any, index: int) -> dict:
     """The fields of result ``index`` with their types checked (floats spelled as words read back)."""
     field = f"results[{index}]"
     data = _mapping(field, data)
-    out = {k: v for k, v in data.items()}
+    out = dict(data)
     for name in ("statistic", "pvalue"):
         out[name] = _number(f"{field}.{name}", data.get(name))
     for name in ("name", "family", "method"):
@@ -90,9 +90,10 @@ def checked_report(data: Any) -> dict:
     """The fields of a report's JSON object with their types checked (see the module docstring)."""
     data = _mapping("(the whole report)", data)
     out = dict(data)
-    for name in ("kind", "implementation", "tier", "command"):
-        if name in data or name != "command":
-            out[name] = _string(name, data.get(name))
+    for name in ("kind", "implementation", "tier"):
+        out[name] = _string(name, data.get(name))
+    if "command" in data:  # optional: a report without one gets a snippet comment
+        out["command"] = _string("command", data["command"])
     out["seed"] = _integer("seed", data.get("seed"))
     alpha = _number("alpha", data.get("alpha"))
     if alpha is None or not 0 < alpha < 1:
