@@ -234,11 +234,10 @@ class SpeculativeDecoder(ChunkedGenerate):
             return self.drafter.propose(seq, seq_len, self.k)  # (B, K), (B, K, V) one-hot
         cache = state.draft_cache
         assert cache is not None  # a model drafter always has a cache
-        rows = torch.arange(seq.shape[0], device=seq.device)  # (B,)
         # Catch up: feed the committed tokens the drafter's cache lacks (ragged, >= 1 per row).
         start = torch.minimum(cache.lengths, seq_len - 1)  # (B,)
         feed, count = _pack(seq, start, seq_len)  # (B, W), (B,)
-        logits = self.drafter(feed, cache, num_valid=count)[rows, count - 1]  # (B, V) at the last committed token
+        logits = self.drafter(feed, cache, num_valid=count, head_at=(count - 1)[:, None])[:, 0]  # (B, V) at the last committed token
         tokens, probs = [], []
         for i in range(self.k):
             token, reported = self._draft_token(logits, generator)  # (B,), (B, V)
@@ -264,16 +263,14 @@ class SpeculativeDecoder(ChunkedGenerate):
         """Processed target conditionals at the K draft positions and the bonus position: (B, K+1, V)."""
         K = self.k
         cache = state.target_cache
-        rows = torch.arange(state.seq.shape[0], device=state.seq.device)  # (B,)
         ext = state.seq.clone()  # (B, L) committed tokens, then the drafts written after them
         ext.scatter_(1, state.seq_len[:, None] + torch.arange(K, device=ext.device), draft_tokens)
         # Tokens the cache lacks (normally just the last committed one; the prompt in round 1), then the drafts.
         start = torch.minimum(cache.lengths, state.seq_len - 1)  # (B,)
         feed, count = _pack(ext, start, state.seq_len + K)  # (B, W), (B,)
-        logits = self.target(feed, cache, num_valid=count)  # (B, W, V)
         first = count - (K + 1)  # (B,) index of the last committed token in the feed
         idx = first[:, None] + torch.arange(K + 1, device=ext.device)  # (B, K+1)
-        logits = logits[rows[:, None], idx]  # (B, K+1, V)
+        logits = self.target(feed, cache, num_valid=count, head_at=idx)  # (B, K+1, V)
         return self._target_probs(logits)
 
     def _target_probs(self, logits: torch.Tensor) -> torch.Tensor:

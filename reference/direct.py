@@ -96,13 +96,30 @@ class TargetAdapter:
 
     def _probs(self, tokens: torch.Tensor, first: int) -> torch.Tensor:
         tokens = tokens.to(self.model.device).long()
+        B, S = tokens.shape
+        step = rows_per_chunk(self.max_batch, self.vocab_size, S - first, PASS_ENTRIES)
+        heads = torch.arange(first, S, device=tokens.device)  # (n,) positions whose laws are returned
         out = []
-        for i in range(0, tokens.shape[0], self.max_batch):
-            logits = self.model(tokens[i : i + self.max_batch])[:, first:]  # (b, n, V)
+        for i in range(0, B, step):
+            rows = tokens[i : i + step]  # (b, S)
+            logits = self.model(rows, head_at=heads.expand(rows.shape[0], -1))  # (b, n, V)
             out.append(logits_to_probs(logits, self.sampling))
         if not out:
             return torch.zeros(0, tokens.shape[1] - first, self.vocab_size, dtype=torch.float64, device=tokens.device)
         return torch.cat(out)  # (B, n, V)
+
+
+#: Rows x vocabulary of one decoding chunk: a chunk's law at one position, (rows, V) float64, holds at
+#: most 2^22 entries (32 MiB), so a decoder's memory grows with V and K, not with num_samples x V.
+#: At V <= 64 this is the 65,536-row cap (the chunking, hence the tokens, of every smaller vocabulary).
+CHUNK_ROW_ENTRIES = 1 << 22
+#: Rows x positions x vocabulary of one teacher-forced pass of :class:`TargetAdapter` (128 MiB float64).
+PASS_ENTRIES = 1 << 24
+
+
+def rows_per_chunk(max_batch: int, vocab_size: int, positions: int = 1, budget: int = CHUNK_ROW_ENTRIES) -> int:
+    """Rows of one chunk: at most ``max_batch``, and at most ``budget`` entries of ``positions`` laws over V."""
+    return max(1, min(max_batch, budget // (vocab_size * positions)))
 
 
 def validate_batch_args(prompts, max_new_tokens, generator, vocab_size: int, device) -> int:
@@ -134,13 +151,15 @@ def generate_in_chunks(
 
     ``generate_batch(prompts (B, T), max_new_tokens, *, generator)`` returns the new tokens
     (B, max_new_tokens) (or an object with ``.tokens``); rows of all chunks share one generator,
-    so the output depends only on ``seed`` and ``max_batch``.
+    so the output depends only on ``seed``, ``max_batch`` and ``vocab_size`` (chunks hold at most
+    :data:`CHUNK_ROW_ENTRIES` row-vocabulary entries: :func:`rows_per_chunk`).
     """
     prompt, num_samples, max_new_tokens, seed = validate_generate_args(
         prompt, num_samples, max_new_tokens, seed, vocab_size
     )
     generator = torch.Generator(device=device).manual_seed(seed)
     prompt = prompt.to(device).long()
+    max_batch = rows_per_chunk(max_batch, vocab_size)
     chunks = []
     for start in range(0, num_samples, max_batch):
         B = min(max_batch, num_samples - start)
@@ -197,9 +216,10 @@ class ChunkedGenerate:
         seed = 0 if seeds[0] is None else seeds[0]
         generator = torch.Generator(device=self.device).manual_seed(seed)
         batch = torch.cat(rows).to(self.device)  # (sum n, T)
+        step = rows_per_chunk(self.max_batch, self.vocab_size)
         chunks = []
-        for start in range(0, batch.shape[0], self.max_batch):
-            out = self.generate_batch(batch[start : start + self.max_batch], max_new_tokens, generator=generator)  # type: ignore[attr-defined]
+        for start in range(0, batch.shape[0], step):
+            out = self.generate_batch(batch[start : start + step], max_new_tokens, generator=generator)  # type: ignore[attr-defined]
             chunks.append(getattr(out, "tokens", out).cpu())
         return list(torch.cat(chunks).split([r.shape[0] for r in rows]))
 
@@ -223,7 +243,8 @@ class DirectSampler(ChunkedGenerate):
         max_new_tokens = validate_batch_args(prompts, max_new_tokens, generator, self.vocab_size, self.device)
         B, T = prompts.shape
         cache = self.target.new_cache(B, capacity=T + max_new_tokens)
-        logits = self.target(prompts.to(self.device).long(), cache)[:, -1]  # (B, V) prefill
+        last = torch.full((B, 1), T - 1, device=self.device)  # (B, 1) the prefill's one read position
+        logits = self.target(prompts.to(self.device).long(), cache, head_at=last)[:, 0]  # (B, V) prefill
         out = []
         for i in range(max_new_tokens):
             target_probs = logits_to_probs(logits, self.sampling)  # (B, V)

@@ -267,8 +267,18 @@ class TinyTransformer(nn.Module):
 
     @torch.inference_mode()
     def forward(
-        self, tokens: torch.Tensor, cache: KVCache | None = None, *, num_valid: torch.Tensor | None = None
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache | None = None,
+        *,
+        num_valid: torch.Tensor | None = None,
+        head_at: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Logits (B, n, V) at every fed position, or (B, m, V) at the positions ``head_at`` (B, m) only.
+
+        ``head_at`` keeps the unembedding, the one O(V) step, to the positions a caller reads:
+        memory and time of a pass then grow with m V, not n V (a prefill feeds the whole prompt).
+        """
         B, n = tokens.shape
         device = tokens.device
         offsets = torch.arange(n, device=device)  # (n,)
@@ -285,7 +295,9 @@ class TinyTransformer(nn.Module):
         x = self.embed(tokens, positions)  # (B, n, d)
         for layer, block in enumerate(self.blocks):
             x = block(x, mask[:, None], cache, layer, positions)  # (B, n, d)
-        logits = self.head(x)  # (B, n, V)
+        if head_at is not None:
+            x = x.gather(1, head_at[:, :, None].expand(-1, -1, x.shape[-1]))  # (B, m, d)
+        logits = self.head(x)  # (B, n or m, V)
         if cache is not None:
             cache.lengths = cache.lengths + (n if num_valid is None else num_valid)  # (B,)
         return logits
@@ -406,7 +418,8 @@ class ModelDrafter:
         check_generator("generator", generator)
         B, T = prefix.shape
         cache = self.model.new_cache(B, capacity=T + k)
-        logits = self.model(prefix.to(self.model.device).long(), cache)[:, -1]  # (B, V)
+        last = torch.full((B, 1), T - 1, device=self.model.device)  # (B, 1) the prefill's one read position
+        logits = self.model(prefix.to(self.model.device).long(), cache, head_at=last)[:, 0]  # (B, V)
         tokens, probs = [], []
         for i in range(k):
             draft_probs = logits_to_probs(logits, self.sampling)  # (B, V)

@@ -89,7 +89,8 @@ GREEDY = SamplingConfig(temperature=0.0)
 
 
 def _renormalise(weights: torch.Tensor) -> torch.Tensor:
-    return weights / weights.sum(-1, keepdim=True)
+    """Rows divided by their sums, in place (``weights`` is a fresh tensor of the caller's)."""
+    return weights.div_(weights.sum(-1, keepdim=True))
 
 
 def greedy_probs(logits: torch.Tensor, *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -102,7 +103,9 @@ def temperature_probs(logits: torch.Tensor, temperature: float, *, dtype: torch.
     """``softmax(logits / temperature)`` computed in ``dtype``; temperature 0 is greedy."""
     if temperature == 0:
         return greedy_probs(logits, dtype=dtype)
-    return torch.softmax(logits.to(dtype) / temperature, dim=-1)
+    scaled = logits.to(dtype)  # a copy unless logits already have dtype
+    scaled = scaled / temperature if scaled is logits else scaled.div_(temperature)  # x / 1 is x: bits kept
+    return torch.softmax(scaled, dim=-1)
 
 
 def top_k_probs(probs: torch.Tensor, k: int) -> torch.Tensor:
@@ -111,7 +114,7 @@ def top_k_probs(probs: torch.Tensor, k: int) -> torch.Tensor:
     if k >= V:
         return probs
     kth = probs.topk(k, dim=-1).values[..., -1:]  # (..., 1)
-    return _renormalise(torch.where(probs >= kth, probs, torch.zeros_like(probs)))
+    return _renormalise(probs.masked_fill(probs < kth, 0.0))
 
 
 def top_p_probs(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -128,7 +131,7 @@ def top_p_probs(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     mass_before = torch.cat([torch.zeros_like(cumulative[..., :1]), cumulative[..., :-1]], dim=-1)  # (..., V) exclusive
     keep_sorted = mass_before < top_p  # (..., V)
     keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)  # (..., V) back to token order
-    return _renormalise(torch.where(keep, probs, torch.zeros_like(probs)))
+    return _renormalise(probs.masked_fill(~keep, 0.0))
 
 
 def min_p_probs(probs: torch.Tensor, min_p: float) -> torch.Tensor:
@@ -136,7 +139,7 @@ def min_p_probs(probs: torch.Tensor, min_p: float) -> torch.Tensor:
     if min_p <= 0.0:
         return probs
     threshold = min_p * probs.amax(-1, keepdim=True)  # (..., 1)
-    return _renormalise(torch.where(probs >= threshold, probs, torch.zeros_like(probs)))
+    return _renormalise(probs.masked_fill(probs < threshold, 0.0))
 
 
 def logits_to_probs(
