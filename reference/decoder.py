@@ -237,7 +237,9 @@ class SpeculativeDecoder(ChunkedGenerate):
         # Catch up: feed the committed tokens the drafter's cache lacks (ragged, >= 1 per row).
         start = torch.minimum(cache.lengths, seq_len - 1)  # (B,)
         feed, count = _pack(seq, start, seq_len)  # (B, W), (B,)
-        logits = self.drafter(feed, cache, num_valid=count, head_at=(count - 1)[:, None])[:, 0]  # (B, V) at the last committed token
+        logits = self.drafter(feed, cache, num_valid=count, head_at=(count - 1)[:, None])[
+            :, 0
+        ]  # (B, V) at the last committed token
         tokens, probs = [], []
         for i in range(self.k):
             token, reported = self._draft_token(logits, generator)  # (B,), (B, V)

@@ -80,6 +80,15 @@ def _scenario(name: str) -> Scenario:
         V = 32
         p = _softmax_rows(4.0 * torch.randn(V, generator=g)).expand(V, V).clone()
         q = _softmax_rows(4.0 * torch.randn(V, generator=g)).expand(V, V).clone()
+    elif name == "padded":  # ids 6 and 7 are padding (p = 0 in every context), q has full support
+        logits = 1.5 * torch.randn(V, V, generator=g)
+        p = _softmax_rows(logits.index_fill(1, torch.tensor([6, 7]), -torch.inf))
+        q = _softmax_rows(logits + 1.0 * torch.randn(V, V, generator=g))
+    elif name == "subset":  # a reduced draft vocabulary: q only on the scattered ids 1, 3, 4, 6
+        logits = 1.5 * torch.randn(V, V, generator=g)
+        p = _softmax_rows(logits)
+        cold = torch.tensor([0, 2, 5, 7])
+        q = _softmax_rows((logits + 1.0 * torch.randn(V, V, generator=g)).index_fill(1, cold, -torch.inf))
     elif name == "iid_k1":
         p = _softmax_rows(torch.randn(V, generator=g)).expand(V, V).clone()
         q = _softmax_rows(torch.randn(V, generator=g)).expand(V, V).clone()
@@ -89,7 +98,7 @@ def _scenario(name: str) -> Scenario:
     return Scenario(name, p, q, K)
 
 
-SCENARIOS = {n: _scenario(n) for n in ("iid", "markov", "truncated", "onehot", "tail", "iid_k1")}
+SCENARIOS = {n: _scenario(n) for n in ("iid", "markov", "truncated", "onehot", "tail", "iid_k1", "padded", "subset")}
 
 
 def make_inputs(sc: Scenario, n_rows: int, generator: torch.Generator):
@@ -185,6 +194,8 @@ def run_check(entry: CatalogueEntry, scenario: str, seed: int = 0, n_rows: int =
 
 # The scenario on which each catalogued mutant is shown lossy (matching its ``needs``).
 WITNESS = {
+    "q_unscattered": "subset",
+    "padding_unmasked": "padded",
     "always_accept": "iid",
     "inverted_ratio": "iid",
     "residual_softmax": "iid",

@@ -313,7 +313,67 @@ class FSMTable(TableModel):
 
 
 # ---------------------------------------------------------------------- row makers
-ROW_KINDS = ("flat", "peaked", "onehot", "zipf", "topk", "topp", "dirichlet")
+ROW_KINDS = ("flat", "peaked", "onehot", "zipf", "topk", "topp", "dirichlet", "lm")
+
+
+def hot_ids(vocab_size: int, size: int) -> torch.Tensor:
+    """The ``size`` ids (sorted) a reduced draft vocabulary keeps, scattered over [0, vocab_size).
+
+    Fixed by the two sizes alone (a seeded permutation), as a drafter's hot set or d2t map is fixed
+    by its checkpoint; the ids are not a prefix of the vocabulary, so a draft-to-target map that is
+    wrong moves probabilities to other tokens.
+    """
+    check_int("size", size, minimum=1, maximum=vocab_size)
+    perm = torch.randperm(vocab_size, generator=torch.Generator().manual_seed(vocab_size * 1_000_003 + size))
+    return perm[:size].sort().values
+
+
+def lm_rows(
+    num_rows: int,
+    vocab_size: int,
+    *,
+    generator: torch.Generator,
+    real_vocab: int | None = None,
+    hot: int | None = None,
+    head: int = 48,
+    scale: float = 2.0,
+    tail_mass: tuple[float, float] = (0.03, 0.10),
+    exponent: float = 1.0,
+) -> torch.Tensor:
+    """Rows shaped like a trained LM's next-token law over a real vocabulary: (num_rows, V) float64.
+
+    A peaked head of ``head`` tokens (softmax of ``scale``-scaled normals) holds 1 - t of the mass;
+    a Zipf tail (rank r + 1)^-``exponent`` over every other real token holds t, drawn per row
+    uniformly in ``tail_mass``.  Ids are a random permutation per row.  ``real_vocab`` < V makes
+    ids >= real_vocab padding (probability exactly 0: a head wider than its tokenizer);
+    ``hot`` puts the head tokens among the ``hot`` ids of :func:`hot_ids` (a reduced draft
+    vocabulary of the frequent tokens, as EAGLE-3 / FR-Spec drafters keep).  With the defaults at V ~ 150k: entropy
+    ~2.3-3.2 nats, top token ~0.2-0.6, mass beyond the top 1,000 tokens ~0.02-0.08
+    (``docs/large-vocabularies.md`` gives the published figures this is matched to).
+    """
+    f64 = torch.float64
+    V = vocab_size
+    real = V if real_vocab is None else check_int("real_vocab", real_vocab, minimum=2, maximum=V)
+    hot = real if hot is None else check_int("hot", hot, minimum=1, maximum=real)
+    head = min(check_int("head", head, minimum=1), hot, real - 1)
+    lo, hi = tail_mass
+    if not 0 < lo <= hi < 1:
+        raise InvalidArgument(f"tail_mass must be (lo, hi) with 0 < lo <= hi < 1, got {tail_mass!r}")
+    head_w = portable.softmax(scale * torch.randn(num_rows, head, generator=generator, dtype=f64))  # (N, h)
+    head_w = head_w.sort(-1, descending=True).values
+    tail_w = portable.normalise(
+        portable.power(torch.arange(1, real - head + 1, dtype=f64), -exponent)[None]
+    )  # (1, R-h)
+    t = lo + (hi - lo) * torch.rand(num_rows, 1, generator=generator, dtype=f64)  # (N, 1)
+    by_rank = torch.cat([(1 - t) * head_w, t * tail_w.expand(num_rows, -1)], dim=1)  # (N, R)
+    hot_pool = hot_ids(real, hot)  # (hot,) the ids a reduced draft vocabulary keeps
+    pick = torch.argsort(torch.rand(num_rows, hot, generator=generator), dim=-1, stable=True)[:, :head]  # (N, h)
+    head_ids = hot_pool[pick]  # (N, h)
+    rest = torch.ones(num_rows, real, dtype=torch.bool).scatter_(1, head_ids, False)  # (N, R)
+    others = torch.argsort(torch.rand(num_rows, real, generator=generator) + 2.0 * (~rest), dim=-1, stable=True)
+    ids = torch.cat([head_ids, others[:, : real - head]], dim=1)  # (N, R) token id of each rank
+    rows = torch.zeros(num_rows, V, dtype=f64).scatter_(1, ids, by_rank)  # (N, V) padding ids stay 0
+    return portable.normalise(rows)
 
 
 def make_rows(
@@ -327,7 +387,8 @@ def make_rows(
     ``topk`` (peaked, truncated to the ``top_k`` largest, default V//4, renormalised),
     ``topp`` (peaked, truncated to the smallest set of mass >= ``top_p``, default 0.8),
     ``dirichlet`` (Dirichlet(``concentration``), with exact zeros where a Gamma underflows
-    replaced by nothing: rows can be near-degenerate).
+    replaced by nothing: rows can be near-degenerate), ``lm`` (a trained LM's shape over a real
+    vocabulary, padding and a hot set: :func:`lm_rows`).
     """
     num_rows = check_int("num_rows", num_rows, minimum=1)
     V = check_int("vocab_size", vocab_size, minimum=1)
@@ -359,6 +420,8 @@ def make_rows(
         base = portable.power(torch.arange(V, dtype=f64) + 2.7, -s)
         perms = torch.argsort(torch.rand(num_rows, V, generator=generator), dim=-1, stable=True)  # (N, V)
         return portable.normalise(base[perms])
+    if kind == "lm":
+        return lm_rows(num_rows, V, generator=generator, **options)
     if kind == "dirichlet":
         conc = options.get("concentration", 0.5)
         gamma = torch._standard_gamma(torch.full((num_rows, V), float(conc), dtype=f64), generator=generator)

@@ -65,6 +65,9 @@ __all__ = [
     "draw_overflow_to_first",
     "draw_bf16_cdf",
     "draw_exponential_race",
+    "q_unscattered",
+    "padding_unmasked",
+    "same_block",
     "draw_with_accept_uniform",
     "draw_batch_shared",
     "emitted_next",
@@ -107,13 +110,25 @@ def check_structure(target_probs, draft_probs, draft_tokens, generator) -> None:
 def make_block(target_probs, draft_probs, draft_tokens, generator) -> Block:
     """Check the protocol's structure (:func:`check_structure`) and gather what every step needs."""
     check_structure(target_probs, draft_probs, draft_tokens, generator)
-    K = draft_tokens.shape[1]
-    target = target_probs.double()  # (B, K+1, V)
-    draft = draft_probs.double()  # (B, K, V)
-    tokens = draft_tokens.long()  # (B, K)
+    return _gathered(target_probs.double(), draft_probs.double(), draft_tokens.long(), generator)
+
+
+def _gathered(target, draft, tokens, generator) -> Block:
+    """A block of float64 laws (B, K+1, V), (B, K, V) and tokens (B, K), with p and q at the drafts."""
+    K = tokens.shape[1]
     p_x = target[:, :K].gather(-1, tokens[..., None]).squeeze(-1)  # (B, K)
     q_x = draft.gather(-1, tokens[..., None]).squeeze(-1)  # (B, K)
     return Block(target, draft, tokens, p_x, q_x, generator)
+
+
+def _rebuilt(blk: Block, target, draft) -> Block:
+    """``blk`` with other laws (the drafted tokens' p and q read again)."""
+    return _gathered(target, draft, blk.tokens, blk.generator)
+
+
+def same_block(blk: Block) -> Block:
+    """Canonical: the laws as the caller passed them."""
+    return blk
 
 
 # ---------------------------------------------------------------- 1. uniforms (B, K)
@@ -301,6 +316,28 @@ def draw_bf16_cdf(weights, blk: Block, **_) -> torch.Tensor:
     return _search(cdf, u, weights.shape[-1])
 
 
+def q_unscattered(blk: Block) -> Block:
+    """Wrong id space: the draft rows stay compact (their nonzero entries packed in id order, as a
+    reduced draft vocabulary's logits are) while the drafts carry target ids: q is read at the
+    wrong columns for the ratio and the residual (rtp-llm #1311, verl-SpeCo #67)."""
+    draft = blk.draft  # (B, K, V)
+    order = torch.argsort((draft <= 0).to(torch.int8), dim=-1, stable=True)  # nonzero ids first, in id order
+    compact = draft.gather(-1, order)  # (B, K, V) q of the j-th draft-vocabulary id at column j
+    return _rebuilt(blk, blk.target, compact)
+
+
+def padding_unmasked(blk: Block, eps: float = 1e-4) -> Block:
+    """Padding ids not masked: every id above the last id with target mass in any row of the call
+    gets ``eps`` (a logit of 0 against the row's LSE), the target rows renormalised."""
+    target = blk.target  # (B, K+1, V)
+    live = (target > 0).flatten(0, -2).any(0)  # (V,)
+    last = int(live.nonzero().max()) if bool(live.any()) else target.shape[-1] - 1
+    pad = torch.zeros(target.shape[-1], dtype=target.dtype, device=target.device)
+    pad[last + 1 :] = eps
+    leaked = target + pad
+    return _rebuilt(blk, leaked / leaked.sum(-1, keepdim=True), blk.draft)
+
+
 def draw_exponential_race(weights, blk: Block, **_) -> torch.Tensor:
     """argmax_v w_v / E_v with E_v ~ Exp(1) i.i.d.: token v wins with probability w_v / sum w (vLLM V1)."""
     e = -torch.log1p(-uniform(weights.shape, generator=blk.generator, device=weights.device))  # (B, V) Exp(1)
@@ -368,14 +405,16 @@ def chain(
     draw: Callable = draw_exact,
     emitted: Callable = emitted_next,
     mix_rows: bool = False,
+    block: Callable = same_block,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chain verification assembled from the given steps (defaults: the canonical rule).
 
     ``residual_offset`` = 1 takes the residual's target row one position late (p_{i+1}
-    instead of p_i); ``mix_rows`` writes each row's last token into the next row.
+    instead of p_i); ``mix_rows`` writes each row's last token into the next row; ``block``
+    rewrites the laws before anything reads them (an id-space or masking mistake).
     Returns ``(tokens (B, K+1) long, num_emitted (B,) long)`` as the verifier protocol says.
     """
-    blk = make_block(target_probs, draft_probs, draft_tokens, generator)
+    blk = block(make_block(target_probs, draft_probs, draft_tokens, generator))
     B, K = blk.tokens.shape
     rows = torch.arange(B, device=blk.target.device)  # (B,)
     u = uniforms(blk)  # (B, K)

@@ -190,6 +190,15 @@ ENTRIES: tuple[CatalogueEntry, ...] = (
             "residual is emitted", "specverify (off-by-one class)", "any", emitted=S.emitted_plus_one),
     _mutant("emitted_drop_last", "num_emitted = max(n, 1): the residual/bonus token is dropped whenever a draft was "
             "accepted", "specverify (off-by-one class)", "K >= 2", emitted=S.emitted_drop_last),
+    # ---- large vocabularies (docs/bugs.md, "Large vocabularies")
+    _mutant("q_unscattered", "a reduced draft vocabulary's q left compact (its nonzero entries packed in id order) "
+            "while the drafts carry target ids: q read at the wrong columns for the ratio and the residual",
+            "rtp-llm PR #1311, verl-SpeCo PR #67", "a drafter over a scattered subset of the vocabulary",
+            block=S.q_unscattered),
+    _mutant("padding_unmasked", "padding ids above the last id with target mass get probability 1e-4 each "
+            "(a padded head's logit 0 not masked) and the target rows are renormalised",
+            "vLLM #13175, vLLM PR #35937, TensorRT-LLM PR #18836", "a head wider than the tokenizer",
+            block=S.padding_unmasked),
     # ---- equivalent (correct) variants
     _M("canonical", "equivalent", canonical, "the reference rule: accept iff u q(x) < p(x), residual (p - q)+, "
        "bonus p_{K+1}", "reference.rules.verify"),

@@ -90,6 +90,9 @@ MUTANT_SCENARIOS: dict[str, tuple[str, ...]] = {
     "neighbour_scratch": ("pos16_noisy_k1",),
     "rejection_index_wrong_row": ("pos8_uniform_k4",),
     "batch_over_64": ("pos8_boundary129_uniform_k2",),
+    # large vocabularies (docs/bugs.md)
+    "q_unscattered": ("pos128256_lm_hot_set_k2",),
+    "padding_unmasked": ("pos151936_lm_padding_leak_k2",),
 }
 # fmt: on
 

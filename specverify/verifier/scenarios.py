@@ -37,6 +37,8 @@ temperature 0 target           pos32_onehot_noisy_k4 (support test: any non-argm
 truncated targets (zeros)      pos32_topk_disjoint_k4, markov16_topp_anti_complement_k8
 near-degenerate values         markov12_dirichlet_noisy_k4 (Dirichlet(0.3) rows)
 large vocabulary               pos32k_zipf_temperature_k2 (V = 32768, pooled bins, small B)
+padding_unmasked               pos151936_lm_padding_leak_k2 (support: any emitted padding id fails)
+q_unscattered                  pos128256_lm_hot_set_k2 (q read at target ids from the compact draft row)
 =============================  ====================================================================
 
 Tiers scale the number of batches: ``smoke`` (every pull request, <= 60 s on 2 CPU
@@ -199,6 +201,16 @@ SCENARIOS: tuple[Scenario, ...] = (
       drafter_options=(("tau", 1.5),),
       exposes=("large V", "argmax_match"),
       description="V = 32768 Zipf-like rows, tested at modest N with pooled bins"),
+    S("pos151936_lm_padding_leak_k2", "positional", 151936, "lm", "padding_leak", k=2, batch_size=32, length=3,
+      groups=4, row_options=(("real_vocab", 151665),), drafter_options=(("real_vocab", 151665), ("mass", 0.05)),
+      exposes=("padded vocabulary", "padding_unmasked", "support"),
+      description="Qwen3's head width (151,936) over its tokenizer's 151,665 ids: LM-shaped rows, zero mass on the "
+                  "271 padding ids, a drafter that puts 5% there"),
+    S("pos128256_lm_hot_set_k2", "positional", 128256, "lm", "hot_set", k=2, batch_size=32, length=3, groups=4,
+      row_options=(("hot", 32000),), drafter_options=(("size", 32000),),
+      exposes=("reduced draft vocabulary", "q_unscattered"),
+      description="Llama 3's vocabulary (128,256), a 32,000-id draft vocabulary mapped into it (EAGLE-3 / FR-Spec): "
+                  "the target's 3-7% outside it comes only from the residual and the bonus"),
     S("pos32_anti_inverse_k4", "positional", 32, "peaked", "anti_inverse", k=4, batch_size=4096, length=6, groups=2,
       exposes=("always_accept", "inverted_ratio", "ensemble"),
       description="drafter proportional to 1/p: mass where p is small"),

@@ -24,6 +24,11 @@ name                q (per context of the target unless stated)
 ``adversary``       (1 - eps) p + eps * point mass on p's least likely token: the residual
                     (p - q)+ has total mass ~eps, spread like p -- rejections are rare and their
                     residual rows tiny and unnormalised (catches unnormalised inverse CDFs)
+``padding_leak``    (1 - mass) p^(1/tau) + mass * uniform over the padding ids >= ``real_vocab``
+                    (a drafter whose padded head is not masked: its padding drafts must all be rejected)
+``hot_set``         p^(1/tau) restricted to ``size`` scattered ids (a reduced draft vocabulary mapped into
+                    the target's ids, EAGLE-3 / FR-Spec style): the target's mass outside it is
+                    reachable only through the residual and the bonus token
 ==================  ====================================================================
 
 References: Leviathan et al. 2023 (losslessness for any q); the stale / point-mass
@@ -36,7 +41,7 @@ import torch
 
 from specverify.core import portable
 from specverify.core.errors import InvalidArgument
-from specverify.core.tables import FSMTable, PositionalCategorical, TableModel
+from specverify.core.tables import FSMTable, PositionalCategorical, TableModel, hot_ids
 
 __all__ = [
     "oracle",
@@ -50,6 +55,8 @@ __all__ = [
     "noisy",
     "stale",
     "adversary",
+    "padding_leak",
+    "hot_set",
     "ZOO",
     "make_drafter",
 ]
@@ -160,6 +167,31 @@ def stale(target: TableModel) -> TableModel:
     return FSMTable(table, transition, initial_context=C * V, name="stale")
 
 
+def padding_leak(target: TableModel, real_vocab: int, mass: float = 0.05, tau: float = 1.3) -> TableModel:
+    """(1 - mass) p^(1/tau) + mass * uniform over ids >= real_vocab (the padding of a wider head)."""
+    V = target.vocab_size
+    if not 0 < real_vocab < V or not 0 < mass < 1:
+        raise InvalidArgument(f"need 0 < real_vocab < V={V} and 0 < mass < 1, got {real_vocab!r}, {mass!r}")
+    pad = torch.zeros(V, dtype=torch.float64)
+    pad[real_vocab:] = 1.0 / (V - real_vocab)
+    rows = (1 - mass) * temperature(target, tau).table + mass * pad
+    return target.with_table(rows, name=f"padding_leak{mass:g}")
+
+
+def hot_set(target: TableModel, size: int, tau: float = 1.3) -> TableModel:
+    """p^(1/tau) on the ``size`` ids of :func:`~specverify.core.tables.hot_ids`, renormalised: a reduced
+    draft vocabulary in the target's ids."""
+    V = target.vocab_size
+    if not 0 < size < V:
+        raise InvalidArgument(f"size must be in (0, V={V}), got {size!r}")
+    keep = torch.zeros(V, dtype=torch.bool)
+    keep[hot_ids(V, size)] = True
+    table = temperature(target, tau).table.masked_fill(~keep, 0.0)
+    if bool((portable.row_sums(table) <= 0).any()):
+        raise InvalidArgument(f"a target row has no mass on the hot set of {size} ids: it cannot be drafted")
+    return target.with_table(portable.normalise(table), name=f"hot_set{size}")
+
+
 #: name -> factory(target) with the zoo's default options.
 ZOO = {
     "oracle": oracle,
@@ -173,6 +205,8 @@ ZOO = {
     "noisy": noisy,
     "stale": stale,
     "adversary": adversary,
+    "padding_leak": padding_leak,
+    "hot_set": hot_set,
 }
 
 

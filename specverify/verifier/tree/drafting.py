@@ -156,7 +156,11 @@ def top_tokens(rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     above = rows > threshold  # (n, V)
     tied = rows == threshold  # (n, V)
     room = k - above.sum(-1, keepdim=True)  # (n, 1) how many tied entries are taken
-    chosen = above | (tied & (tied.cumsum(-1) <= room))  # (n, V) exactly k per row, lowest tied ids
+    chosen = above | tied  # (n, V) exactly k per row where no tie is cut
+    cut = (tied.sum(-1, keepdim=True) > room).squeeze(-1)  # (n,) rows whose ties at t exceed the room
+    if bool(cut.any()):  # the lowest tied ids only (a scan over V for these rows alone)
+        ties = tied[cut]  # (n', V)
+        chosen[cut] = above[cut] | (ties & (ties.cumsum(-1) <= room[cut]))
     ids = chosen.nonzero()[:, 1].view(n, k)  # (n, k) in id order
     values = rows.gather(1, ids)  # (n, k)
     order = torch.sort(values, dim=-1, descending=True, stable=True).indices  # (n, k) ties keep id order

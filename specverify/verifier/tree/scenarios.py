@@ -141,6 +141,10 @@ TREE_SCENARIOS: tuple[TreeScenario, ...] = (
       drafter=("noisy", (("sigma", 2.0),)),
       description="ragged: a 3x2 i.i.d. tree whose nodes are pruned (padding in place) with probability 0.3 per "
                   "row and round, so rows of one round differ in shape; a trigram target's 43 contexts"),
+    T("pos128256_hot_set_topk_3x2", "pos128256_lm_hot_set_k2", D("topk", (3, 2)), batch_size=32, length=3, groups=1,
+      description="a real vocabulary: Llama 3's 128,256 ids with LM-shaped rows, an EAGLE-3 static tree (top-3, "
+                  "then top-2 of q) over a 32,000-id draft vocabulary mapped into it; the mass outside it comes only "
+                  "from residuals and bonus tokens"),
 )
 # fmt: on
 
