@@ -1,8 +1,8 @@
 """Wall time and peak resident memory of audits against the vocabulary size (a script, not a test).
 
 Each measurement is one fresh process (``subprocess``), its peak resident set read from the
-OS (``getrusage(RUSAGE_SELF).ru_maxrss`` of the child, whole process: interpreter, torch and
-report included), its wall time from the parent.  Two kinds of rows:
+OS (``VmHWM`` of the child, whole process: interpreter, torch and report included; not
+``ru_maxrss``, which on Linux carries the parent's peak into the child), its wall time from the parent.  Two kinds of rows:
 
 * ``decoder-smoke``: ``specverify audit --decoder ... --tier smoke`` of the reference decoder at
   ``top_k=20`` with ``vocab_size=V`` (the README's decoder audit, 2 prompts x 4,000 samples x
@@ -28,8 +28,21 @@ import tempfile
 import time
 from pathlib import Path
 
-CORE = r"""
-import json, resource, sys
+#: Child preamble: ``peak_kib()`` is the child's own high-water resident set (VmHWM).  Not
+#: ``getrusage().ru_maxrss``: on Linux that carries the parent's peak across fork and exec, so a
+#: child of a 2 GB pytest worker "peaks" at 2 GB whatever it does.
+PEAK = r"""
+import json, sys
+from pathlib import Path
+
+
+def peak_kib():
+    return int(next(l for l in Path('/proc/self/status').read_text().splitlines() if l.startswith('VmHWM:')).split()[1])
+"""
+
+CORE = (
+    PEAK
+    + r"""
 import torch
 from specverify.cli.factories import reference_decoder, reference_target
 from specverify.decoder.conditionals import ExactPlan, analyse_exact
@@ -38,16 +51,19 @@ decoder, target = reference_decoder(vocab_size=V, top_k=20), reference_target(vo
 prompt = torch.arange(6) * 7 % V
 tokens = decoder.generate(prompt, num_samples=N, max_new_tokens=8, seed=0)
 out = analyse_exact(target, prompt, tokens, V, scenario="bench", plan=ExactPlan(), pit_seed=0)
-print(json.dumps({"peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "tests": len(out.results)}))
+print(json.dumps({"peak_kib": peak_kib(), "tests": len(out.results)}))
 """
+)
 
 #: Prints the child's own peak resident set (KiB) after running the CLI in-process.
-CLI = r"""
-import json, resource, sys
+CLI = (
+    PEAK
+    + r"""
 from specverify.cli.commands import main
 status = main(sys.argv[1:])
-print(json.dumps({"peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "status": status}))
+print(json.dumps({"peak_kib": peak_kib(), "status": status}))
 """
+)
 
 
 def measure(code: str, args: list[str]) -> dict:

@@ -135,7 +135,7 @@ def test_list_scenarios_takes_the_battery_kind():
     from specverify_reference.tree_rules import verify_tree
 
     chain = sv.list_scenarios("verifier")
-    assert chain == sv.list_scenarios() and len(chain) == len(set(chain)) == 15
+    assert chain == sv.list_scenarios() and len(chain) == len(set(chain)) == 17
     trees = sv.list_scenarios("tree_verifier")
     assert trees == [s.name for s in get_tree_scenarios()]
     plain = sv.list_scenarios("tree_verifier", verify_tree=verify_tree)

@@ -31,6 +31,28 @@ def test_zoo_rows_are_distributions(tname, dname):
     assert (probs.gather(-1, tokens[..., None]) > 0).all()  # drawn tokens have positive reported probability
 
 
+def test_shaped_drafters_put_their_mass_where_the_layout_says():
+    """padding_leak: exactly ``mass`` on the ids past ``real_vocab``, spread evenly; hot_set: support
+    exactly the hot ids, the target's tempered rows renormalised there.  Neither has a default
+    layout, so neither is in ZOO (whose factories take the target alone)."""
+    target = tables.positional(64, 3, "lm", seed=0, real_vocab=56, hot=16)
+    leak = zoo.make_drafter("padding_leak", target, real_vocab=56, mass=0.05).table
+    torch.testing.assert_close(leak[:, 56:].sum(-1), torch.full((3,), 0.05, dtype=torch.float64))
+    torch.testing.assert_close(leak[:, 56:], torch.full((3, 8), 0.05 / 8, dtype=torch.float64))
+    assert (target.table[:, 56:] == 0).all()
+    hot = zoo.make_drafter("hot_set", target, size=16).table
+    support = torch.zeros(64, dtype=torch.bool)
+    support[tables.hot_ids(64, 16)] = True
+    assert ((hot > 0) == (support & (target.table > 0))).all()
+    tempered = zoo.temperature(target, 1.3).table.masked_fill(~support, 0.0)
+    torch.testing.assert_close(hot, tempered / tempered.sum(-1, keepdim=True))
+    assert set(zoo.SHAPED).isdisjoint(zoo.ZOO)
+    with pytest.raises(InvalidArgument, match="size"):
+        zoo.make_drafter("hot_set", target)  # no default layout
+    with pytest.raises(InvalidArgument, match="real_vocab"):
+        zoo.make_drafter("padding_leak", target, real_vocab=64)
+
+
 def test_shapes_of_q():
     target = TARGETS["positional"]()
     p = target.table

@@ -85,7 +85,7 @@ class Scenario:
     rows : str
         Row kind of the target table (:func:`specverify.core.tables.make_rows`), plus ``"tied"``.
     drafter : str
-        Zoo name (:data:`specverify.verifier.zoo.ZOO`).
+        Zoo name (:data:`specverify.verifier.zoo.ZOO` or :data:`~specverify.verifier.zoo.SHAPED`).
     k, batch_size, length, groups : int
         Draft length, rows per verify batch, tokens per row, batches in the smoke tier.
     positions : int

@@ -167,9 +167,14 @@ def stale(target: TableModel) -> TableModel:
     return FSMTable(table, transition, initial_context=C * V, name="stale")
 
 
-def padding_leak(target: TableModel, real_vocab: int, mass: float = 0.05, tau: float = 1.3) -> TableModel:
-    """(1 - mass) p^(1/tau) + mass * uniform over ids >= real_vocab (the padding of a wider head)."""
+def padding_leak(target: TableModel, real_vocab: int | None = None, mass: float = 0.05, tau: float = 1.3) -> TableModel:
+    """(1 - mass) p^(1/tau) + mass * uniform over ids >= real_vocab (the padding of a wider head).
+
+    ``real_vocab`` (the tokenizer's ids; the head is wider) has no default: it is the model's layout.
+    """
     V = target.vocab_size
+    if real_vocab is None:
+        raise InvalidArgument("padding_leak needs real_vocab (the ids below it are real, the rest padding)")
     if not 0 < real_vocab < V or not 0 < mass < 1:
         raise InvalidArgument(f"need 0 < real_vocab < V={V} and 0 < mass < 1, got {real_vocab!r}, {mass!r}")
     pad = torch.zeros(V, dtype=torch.float64)
@@ -178,10 +183,12 @@ def padding_leak(target: TableModel, real_vocab: int, mass: float = 0.05, tau: f
     return target.with_table(rows, name=f"padding_leak{mass:g}")
 
 
-def hot_set(target: TableModel, size: int, tau: float = 1.3) -> TableModel:
+def hot_set(target: TableModel, size: int | None = None, tau: float = 1.3) -> TableModel:
     """p^(1/tau) on the ``size`` ids of :func:`~specverify.core.tables.hot_ids`, renormalised: a reduced
-    draft vocabulary in the target's ids."""
+    draft vocabulary in the target's ids.  ``size`` has no default: it is the drafter's layout."""
     V = target.vocab_size
+    if size is None:
+        raise InvalidArgument("hot_set needs size (the number of ids in the draft vocabulary)")
     if not 0 < size < V:
         raise InvalidArgument(f"size must be in (0, V={V}), got {size!r}")
     keep = torch.zeros(V, dtype=torch.bool)
@@ -205,6 +212,11 @@ ZOO = {
     "noisy": noisy,
     "stale": stale,
     "adversary": adversary,
+}
+
+#: name -> factory(target, **layout): drafters defined by the vocabulary's layout, which has no
+#: default (``padding_leak`` needs ``real_vocab``, ``hot_set`` needs ``size``).
+SHAPED = {
     "padding_leak": padding_leak,
     "hot_set": hot_set,
 }
@@ -212,6 +224,7 @@ ZOO = {
 
 def make_drafter(name: str, target: TableModel, **options) -> TableModel:
     """Build the zoo drafter ``name`` for ``target`` (options go to its factory)."""
-    if name not in ZOO:
-        raise InvalidArgument(f"drafter must be one of {sorted(ZOO)}, got {name!r}")
-    return ZOO[name](target, **options)
+    factories = {**ZOO, **SHAPED}
+    if name not in factories:
+        raise InvalidArgument(f"drafter must be one of {sorted(factories)}, got {name!r}")
+    return factories[name](target, **options)
