@@ -40,9 +40,9 @@ import torch
 from specverify.core.errors import InvalidArgument
 from specverify.core.sampling import sample
 from specverify.core.validation import check_int
-from specverify_reference.direct import ChunkedGenerate, TargetAdapter, validate_batch_args
+from specverify_reference.direct import CHUNK_ROW_ENTRIES, ChunkedGenerate, TargetAdapter, validate_batch_args
 from specverify_reference.models import KVCache, NGramDrafter, TinyTransformer
-from specverify_reference.processors import SamplingConfig, greedy_probs, logits_to_probs
+from specverify_reference.processors import SamplingConfig, greedy_probs, logits_to_probs_by_rows
 from specverify_reference.rules import greedy_verify, verify
 
 __all__ = ["SpeculativeDecoder", "DecodeResult", "DecodeStats"]
@@ -240,18 +240,22 @@ class SpeculativeDecoder(ChunkedGenerate):
         logits = self.drafter(feed, cache, num_valid=count, head_at=(count - 1)[:, None])[
             :, 0
         ]  # (B, V) at the last committed token
-        tokens, probs = [], []
+        tokens = torch.empty(logits.shape[0], self.k, dtype=torch.long, device=logits.device)  # (B, K)
+        probs = None  # (B, K, V), filled step by step (no list of K laws and a stacked copy)
         for i in range(self.k):
             token, reported = self._draft_token(logits, generator)  # (B,), (B, V)
-            tokens.append(token)
-            probs.append(reported)
+            if probs is None:
+                probs = reported.new_empty(reported.shape[0], self.k, reported.shape[1])
+            tokens[:, i], probs[:, i] = token, reported
+            del reported
             if i + 1 < self.k:
                 logits = self.drafter(token[:, None], cache)[:, 0]  # (B, V)
-        return torch.stack(tokens, dim=1), torch.stack(probs, dim=1)  # (B, K), (B, K, V)
+        assert probs is not None  # k >= 1
+        return tokens, probs
 
     def _draft_probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """The drafter's processed law from its logits: (B, V) -> (B, V) float64."""
-        return logits_to_probs(logits, self.sampling)
+        """The drafter's processed law from its logits: (B, V) -> (B, V) float64 (in blocks, as the target's)."""
+        return logits_to_probs_by_rows(logits, self.sampling, rows=max(1, CHUNK_ROW_ENTRIES // self.vocab_size))
 
     def _draft_token(self, logits: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample one draft token per row; return it (B,) and the law it was drawn from (B, V)."""
@@ -276,8 +280,14 @@ class SpeculativeDecoder(ChunkedGenerate):
         return self._target_probs(logits)
 
     def _target_probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """The target's processed conditionals: (B, K+1, V) logits -> (B, K+1, V) float64."""
-        return logits_to_probs(logits, self.sampling)
+        """The target's processed conditionals: (B, K+1, V) logits -> (B, K+1, V) float64.
+
+        Processed in blocks of :data:`CHUNK_ROW_ENTRIES` entries, written over float64 logits (the
+        same numbers): a batch of generate_batch's own size, as a batch-invariance test asks for,
+        then holds one (B, K+1, V) tensor, with the processors' temporaries per block.
+        """
+        rows = max(1, CHUNK_ROW_ENTRIES // self.vocab_size)
+        return logits_to_probs_by_rows(logits, self.sampling, rows=rows, overwrite=True)
 
     # ---- 3. verification
     def _verify(self, target_probs, draft_probs, draft_tokens, generator):

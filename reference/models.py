@@ -265,7 +265,7 @@ class TinyTransformer(nn.Module):
             dtype=self.dtype,
         )
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: callers may overwrite the logits with laws in place
     def forward(
         self,
         tokens: torch.Tensor,

@@ -35,6 +35,7 @@ __all__ = [
     "SamplingConfig",
     "GREEDY",
     "logits_to_probs",
+    "logits_to_probs_by_rows",
     "temperature_probs",
     "greedy_probs",
     "top_k_probs",
@@ -165,3 +166,27 @@ def logits_to_probs(
     if config.min_p is not None:
         probs = min_p_probs(probs, config.min_p)
     return probs
+
+
+def logits_to_probs_by_rows(
+    logits: torch.Tensor, config: SamplingConfig, *, rows: int, overwrite: bool = False
+) -> torch.Tensor:
+    """:func:`logits_to_probs` of ``logits`` (..., V) applied to blocks of at most ``rows`` rows of V.
+
+    Every processor works row by row, so the numbers are those of one call; what changes is the
+    memory: the processors' temporaries (the tempered copy, the softmax, the masks) exist for one
+    block at a time, beside the logits and the float64 result, instead of at the whole size.
+    ``overwrite=True`` writes the laws over float64 contiguous ``logits`` (which the caller no
+    longer needs): no second tensor of the whole size.
+    """
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
+        raise InvalidArgument(f"rows must be an integer >= 1, got {rows!r}")
+    V = logits.shape[-1]
+    flat = logits.reshape(-1, V)  # (R, V)
+    if flat.shape[0] <= rows and not overwrite:
+        return logits_to_probs(logits, config)
+    in_place = overwrite and logits.dtype == torch.float64 and logits.is_contiguous()
+    out = flat if in_place else torch.empty(flat.shape, dtype=torch.float64, device=logits.device)  # (R, V)
+    for start in range(0, flat.shape[0], rows):
+        out[start : start + rows] = logits_to_probs(flat[start : start + rows], config)
+    return out.reshape(logits.shape)

@@ -13,7 +13,9 @@ is emulated on any x86-64 machine that has it or a better one:
 Only features this machine supports are named (numpy warns about the others), so the settings
 are valid everywhere.  ``python tests/cpu_paths.py PATH`` prints them as shell assignments;
 ``python tests/cpu_paths.py --check`` (run under those settings) reruns the reference verifier's
-smoke run at seed 0 and prints how many of the recorded numbers it reproduced to the bit.
+smoke run at seed 0, fails (exit 1) unless it reproduces the recording as
+``tests/test_devices.py::test_cpu_is_bit_identical_to_the_recorded_run`` requires, and prints how
+many of the recorded numbers it reproduced to the bit.
 """
 
 from __future__ import annotations
@@ -55,12 +57,19 @@ def environment(path: str) -> dict[str, str]:
 
 
 def check_recording() -> tuple[int, int, float]:
-    """Rerun the recorded smoke run; (numbers equal to the bit, numbers compared, largest relative difference)."""
+    """Rerun the recorded smoke run; (numbers equal to the bit, numbers compared, largest relative difference).
+
+    Raises AssertionError when a label differs or a number moved by more than
+    ``_results.assert_same_statistics`` allows (1e-9 relative): the check CI runs on each path.
+    """
+    from _results import assert_same_statistics
+
     import specverify as sv
     from specverify_reference.rules import verify
 
     recorded = json.loads(RECORDING.read_text())["results"]
-    report = sv.check_verifier(verify, tier="smoke", seed=0)
+    report = sv.check_verifier(verify, tier="smoke", seed=0, device="cpu", dtype="float32")
+    assert_same_statistics(recorded, report.results)
     same, total, worst = 0, 0, 0.0
     for old, new in zip(recorded, report.results, strict=True):
         for key in ("statistic", "pvalue"):

@@ -17,6 +17,7 @@ from specverify_reference.processors import (
     SamplingConfig,
     greedy_probs,
     logits_to_probs,
+    logits_to_probs_by_rows,
     min_p_probs,
     temperature_probs,
     top_k_probs,
@@ -268,6 +269,31 @@ def test_sampling_config_validation(kwargs):
     name = next(iter(kwargs))
     with pytest.raises(InvalidArgument, match=name):
         SamplingConfig(**kwargs)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    rows=st.integers(1, 9),
+    top_k=st.sampled_from([None, 1, 3]),
+    top_p=st.sampled_from([None, 0.7]),
+    temperature=st.sampled_from([0.0, 0.6, 1.0]),
+)
+def test_processing_by_blocks_of_rows_gives_the_same_bits(seed, rows, top_k, top_p, temperature):
+    """Every processor works row by row: blocks of rows, and laws written over the logits, change
+    memory only, never a bit (the decoder's batch-invariance batches rely on it)."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(3, 5, 40, generator=gen, dtype=torch.float64) * 3  # (B, K+1, V)
+    cfg = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    whole = logits_to_probs(logits, cfg)
+    assert torch.equal(logits_to_probs_by_rows(logits, cfg, rows=rows), whole)
+    again = logits.clone()
+    out = logits_to_probs_by_rows(again, cfg, rows=rows, overwrite=True)
+    assert torch.equal(out, whole) and out.data_ptr() == again.data_ptr()  # written over the logits
+    assert torch.equal(logits_to_probs_by_rows(logits.float(), cfg, rows=rows, overwrite=True),
+                       logits_to_probs(logits.float(), cfg))  # float32 logits: a new float64 tensor  # fmt: skip
+    with pytest.raises(InvalidArgument, match="rows"):
+        logits_to_probs_by_rows(logits, cfg, rows=0)
 
 
 def test_logits_to_probs_validation():

@@ -78,6 +78,20 @@ def add_arguments(audit) -> None:
         "vary (the report says so)",
     )
     group.add_argument(
+        "--top-logprobs",
+        type=positive_int,
+        metavar="M",
+        help="teacher forcing asks for the M most likely tokens per position, not the whole vocabulary (exact mode, "
+        "needs --top-k below M or --temperature 0; for vocabularies of 100k+ tokens: replies and store grow with M)",
+    )
+    group.add_argument(
+        "--vocab-size",
+        type=positive_int,
+        metavar="V",
+        help="the served vocabulary (head width), taken as given instead of probed with one whole-vocabulary law "
+        "(with --top-logprobs, a server capped at M logprobs can then be audited)",
+    )
+    group.add_argument(
         "--batch-invariance",
         type=positive_int,
         metavar="M",
@@ -127,6 +141,10 @@ def endpoint_argv(args) -> list[str]:
         argv += ["--batch-invariance", str(args.batch_invariance)]
     if args.skip_determinism:
         argv.append("--skip-determinism")
+    if args.top_logprobs is not None:
+        argv += ["--top-logprobs", str(args.top_logprobs)]
+    if args.vocab_size is not None:
+        argv += ["--vocab-size", str(args.vocab_size)]
     if args.api_key_env is not None:
         argv += ["--api-key-env", args.api_key_env]
     if args.send_key_over_http:
@@ -186,6 +204,8 @@ def _check_endpoint(args, progress, announce):
         send_key_over_http=args.send_key_over_http,
         batch_invariance=args.batch_invariance or 0,
         check_determinism=not args.skip_determinism,
+        top_logprobs=args.top_logprobs,
+        vocab_size=args.vocab_size,
         progress=progress,
         announce=announce,
     )

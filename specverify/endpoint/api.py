@@ -14,6 +14,11 @@ Two requests, both ``POST /v1/completions`` with the prompt as a list of token i
   (vLLM's default ``--logprobs-mode raw_logprobs``); the audit applies the sampling parameters
   to them with the reference processors (:func:`processed_laws`), so the law it tests is the
   processed one the sampler should draw from.
+
+  With ``top > 0`` (``prompt_logprobs = top``) each entry holds only the ``top`` most likely tokens
+  and the prompt token's own (vLLM's semantics): :func:`prompt_logprob_tops` reads such a reply
+  into sparse rows, whose processed law is exact whenever the sampler's cut lies inside them
+  (:func:`top_resolves`; see docs/large-vocabularies.md).
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ __all__ = [
     "teacher_forcing_body",
     "continuations",
     "prompt_logprob_rows",
+    "prompt_logprob_tops",
+    "top_resolves",
+    "densify",
     "processed_laws",
     "LOGPROB_MASS_TOL",
     "LOGPROB_POSITIVE_TOL",
@@ -107,13 +115,14 @@ def completion_body(
     return body
 
 
-def teacher_forcing_body(model: str, sequence: list[int]) -> dict:
-    """The body of a teacher-forcing request: full-vocabulary logprobs of every token of ``sequence``."""
+def teacher_forcing_body(model: str, sequence: list[int], *, top: int = -1) -> dict:
+    """The body of a teacher-forcing request: logprobs of every token of ``sequence``, over the whole
+    vocabulary (``top=-1``) or of the ``top`` most likely tokens and the token's own."""
     return {
         "model": model,
         "prompt": [int(t) for t in sequence],
         "max_tokens": 1,
-        "prompt_logprobs": -1,
+        "prompt_logprobs": int(top),
         "temperature": 1.0,
         "stream": False,
     }
@@ -124,14 +133,14 @@ def sampling_reply_bytes(n: int, max_tokens: int) -> int:
     return REPLY_BASE_BYTES + int(n) * int(max_tokens) * BYTES_PER_TOKEN
 
 
-def teacher_forcing_reply_bytes(length: int, vocab_size: int | None) -> int:
-    """The most bytes a reply of full-vocabulary prompt logprobs of a ``length``-token prompt may hold.
+def teacher_forcing_reply_bytes(length: int, vocab_size: int | None, top: int = -1) -> int:
+    """The most bytes a reply of the prompt logprobs of a ``length``-token prompt may hold.
 
     Its ``length - 1`` rows (the first token has no law) of ``vocab_size`` entries each
-    (:data:`MAX_VOCAB` while the vocabulary is not known).
+    (:data:`MAX_VOCAB` while the vocabulary is not known), or of ``top + 1`` entries with ``top > 0``.
     """
-    V = MAX_VOCAB if vocab_size is None else int(vocab_size)
-    return REPLY_BASE_BYTES + max(int(length) - 1, 1) * V * BYTES_PER_LOGPROB
+    entries = (MAX_VOCAB if vocab_size is None else int(vocab_size)) if top == -1 else int(top) + 1
+    return REPLY_BASE_BYTES + max(int(length) - 1, 1) * entries * BYTES_PER_LOGPROB
 
 
 def _choices(reply, what: str, limit: int) -> list:
@@ -252,23 +261,9 @@ def prompt_logprob_rows(reply, sequence: list[int], vocab_size: int | None) -> n
         written in decimal, or names a token outside the vocabulary; a log-probability that is
         not a number, NaN, or above 0 (beyond :data:`LOGPROB_POSITIVE_TOL`).
     """
-    choice = _choices(reply, "teacher-forcing", 1)[0]
-    laws = choice.get("prompt_logprobs")
-    if not isinstance(laws, list) or len(laws) != len(sequence):
-        raise EndpointError(
-            "the teacher-forcing reply holds no prompt_logprobs for every prompt token "
-            f"(got {type(laws).__name__}{'' if not isinstance(laws, list) else f' of length {len(laws)}'}, "
-            f"expected {len(sequence)}): the server must support the request field prompt_logprobs; {CAP_HINT}"
-        )
     rows = []
     V = vocab_size
-    for i in range(1, len(sequence)):
-        entry = laws[i]
-        where = f"the teacher-forcing reply's prompt_logprobs[{i}]"
-        if not isinstance(entry, dict) or not entry:
-            raise EndpointError(
-                f"{where} is {server_text(_preview(entry), limit=60)}, not a map of token ids to logprobs"
-            )
+    for _, where, entry in _prompt_logprob_entries(reply, sequence):
         size = len(entry)
         if V is None:
             if size > MAX_VOCAB:
@@ -281,19 +276,12 @@ def prompt_logprob_rows(reply, sequence: list[int], vocab_size: int | None) -> n
             )
         row = np.full(V, -math.inf)
         for key, value in entry.items():
-            if not _DECIMAL.fullmatch(key):
-                raise EndpointError(f"{where} has the key {server_text(key, limit=40)!r}, not a token id in decimal")
-            token = int(key) if len(key) < 20 else V
-            if token >= V and vocab_size is None:  # ids beyond the row's size: a sparse (capped) row
-                raise EndpointError(
+            if vocab_size is None and _DECIMAL.fullmatch(key) and (len(key) >= 20 or int(key) >= V):
+                raise EndpointError(  # ids beyond the row's size: a sparse (capped) row
                     f"{where} names token {server_text(key, limit=40)} but covers only {V} tokens: logprobs capped "
                     f"below the vocabulary; {CAP_HINT}"
                 )
-            if not 0 <= token < V:
-                raise EndpointError(
-                    f"{where} names token {server_text(key, limit=40)}, outside the vocabulary [0, {V})"
-                )
-            row[token] = _logprob(value, f"{where}[{key}]")
+            row[_entry_token(key, V, where)] = _logprob(value, f"{where}[{key}]")
         mass = math.fsum(np.exp(row).tolist())
         if abs(mass - 1.0) > LOGPROB_MASS_TOL:
             raise EndpointError(
@@ -302,6 +290,109 @@ def prompt_logprob_rows(reply, sequence: list[int], vocab_size: int | None) -> n
             )
         rows.append(row)
     return np.stack(rows) if rows else np.zeros((0, V or 0))
+
+
+def _prompt_logprob_entries(reply, sequence: list[int]):
+    """(i, where, entry) for every token ``i >= 1`` of ``sequence``: its law's map of token ids to logprobs."""
+    choice = _choices(reply, "teacher-forcing", 1)[0]
+    laws = choice.get("prompt_logprobs")
+    if not isinstance(laws, list) or len(laws) != len(sequence):
+        raise EndpointError(
+            "the teacher-forcing reply holds no prompt_logprobs for every prompt token "
+            f"(got {type(laws).__name__}{'' if not isinstance(laws, list) else f' of length {len(laws)}'}, "
+            f"expected {len(sequence)}): the server must support the request field prompt_logprobs; {CAP_HINT}"
+        )
+    for i in range(1, len(sequence)):
+        entry = laws[i]
+        where = f"the teacher-forcing reply's prompt_logprobs[{i}]"
+        if not isinstance(entry, dict) or not entry:
+            raise EndpointError(
+                f"{where} is {server_text(_preview(entry), limit=60)}, not a map of token ids to logprobs"
+            )
+        yield i, where, entry
+
+
+def _entry_token(key: str, V: int, where: str) -> int:
+    """The token id a logprob map's key names: canonical decimal, in [0, V)."""
+    if not _DECIMAL.fullmatch(key):
+        raise EndpointError(f"{where} has the key {server_text(key, limit=40)!r}, not a token id in decimal")
+    token = int(key) if len(key) < 20 else V
+    if not 0 <= token < V:
+        raise EndpointError(f"{where} names token {server_text(key, limit=40)}, outside the vocabulary [0, {V})")
+    return token
+
+
+def prompt_logprob_tops(reply, sequence: list[int], top: int, vocab_size: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Sparse raw log-probability rows of a ``prompt_logprobs = top`` reply: for each token ``i >= 1``
+    of ``sequence``, the ids (int64) and log-probabilities (float64) of the ``min(top, V)`` most
+    likely tokens given ``sequence[:i]``, most likely first (ties by id).
+
+    The prompt token's own entry, which the server adds when it is not among them, is checked
+    and dropped: its log-probability may not exceed the least of the listed ones (a server whose
+    ranking contradicts its own numbers is refused).  What is not listed is bounded by the last
+    listed log-probability; :func:`top_resolves` says when that fixes the processed law.
+
+    Raises
+    ------
+    EndpointError
+        No ``prompt_logprobs``; an entry with fewer than ``min(top, V)`` or more than ``top + 1``
+        tokens, without the prompt token's own, or with a prompt token ranked above a listed one;
+        a key that is not a token id in decimal or is outside ``[0, vocab_size)``; a log-probability
+        that is not a number, NaN, or above 0; listed probabilities that sum to more than 1 (beyond
+        :data:`LOGPROB_MASS_TOL`).
+    """
+    V = int(vocab_size)
+    want = min(int(top), V)
+    rows = []
+    for i, where, entry in _prompt_logprob_entries(reply, sequence):
+        if not want <= len(entry) <= want + 1:
+            raise EndpointError(
+                f"{where} lists {len(entry)} tokens, {want} were asked (prompt_logprobs={top}) and the prompt "
+                f"token's own: the server capped the logprobs; start vLLM with --max-logprobs {top} or more"
+            )
+        ids, values = [], []
+        for key, value in entry.items():
+            ids.append(_entry_token(key, V, where))
+            values.append(_logprob(value, f"{where}[{key}]"))
+        if sequence[i] not in ids:
+            raise EndpointError(f"{where} does not list the prompt token {sequence[i]}'s own log-probability")
+        mass = math.fsum(math.exp(v) for v in values)
+        if mass > 1.0 + LOGPROB_MASS_TOL:
+            raise EndpointError(f"{where} lists tokens of total probability {mass:.4g}, more than 1")
+        order = sorted(range(len(ids)), key=lambda j: (-values[j], ids[j]))
+        if len(ids) == want + 1:  # the prompt token is the extra one: it may not outrank a listed token
+            own = ids.index(sequence[i])
+            order = [j for j in order if j != own]
+            if values[own] > values[order[-1]]:
+                raise EndpointError(
+                    f"{where} lists {want + 1} tokens but the prompt token {sequence[i]} (logprob {values[own]!r}) "
+                    f"is above the least likely of the others: the server's top {top} are not its most likely tokens"
+                )
+        rows.append((np.array([ids[j] for j in order], dtype=np.int64), np.array([values[j] for j in order])))
+    return rows
+
+
+def top_resolves(logprobs: np.ndarray, vocab_size: int, sampling: Sampling) -> bool:
+    """Whether the ``top`` listed raw log-probabilities (descending) fix the processed law exactly.
+
+    They do when the row lists the whole vocabulary, or when the sampler's cut (top-k's k-th
+    largest; greedy's largest) lies strictly above the least listed value: every unlisted token
+    is then below the cut and has processed probability 0, whatever its value.  Without top-k
+    (or greedy) the law needs every token's value and they never fix it.
+    """
+    if len(logprobs) >= vocab_size:
+        return True
+    k = 1 if sampling.temperature == 0 else sampling.top_k
+    if k is None or k > len(logprobs):
+        return False
+    return bool(logprobs[k - 1] > logprobs[-1])
+
+
+def densify(ids: np.ndarray, logprobs: np.ndarray, vocab_size: int) -> np.ndarray:
+    """A (V,) raw row with ``logprobs`` at ``ids`` and -inf elsewhere (probability 0 after processing)."""
+    row = np.full(int(vocab_size), -math.inf)
+    row[ids] = logprobs
+    return row
 
 
 def processed_laws(raw_logprobs: np.ndarray, sampling: Sampling) -> torch.Tensor:

@@ -34,6 +34,7 @@ from specverify.core.validation import check_int
 from specverify.decoder.battery import TIER_PLANS, check_decoder
 from specverify.decoder.conditionals import ExactPlan
 from specverify.endpoint.api import (
+    MAX_VOCAB,
     Sampling,
     completion_body,
     continuations,
@@ -47,7 +48,7 @@ from specverify.endpoint.invariance import SCENARIO as INVARIANCE_SCENARIO
 from specverify.endpoint.invariance import batch_invariance as batch_invariance_tests
 from specverify.endpoint.pool import Fetcher
 from specverify.endpoint.store import SampleStore
-from specverify.endpoint.subjects import EndpointDecoder, EndpointTarget
+from specverify.endpoint.subjects import EndpointDecoder, EndpointTarget, check_top_logprobs
 from specverify.mutants.decoder import VISIBILITY
 
 __all__ = ["check_endpoint", "EndpointPlan", "AuditInterrupted", "declared_fault", "plan_requests", "TOLERANCE_NOTE"]
@@ -247,9 +248,17 @@ class _Served:
 
 
 def _preflight(
-    under_test: _Served, ref: _Served | None, mode: str, sampling: Sampling, prompt: list[int]
+    under_test: _Served,
+    ref: _Served | None,
+    mode: str,
+    sampling: Sampling,
+    prompt: list[int],
+    vocab_size: int | None = None,
 ) -> tuple[int | None, dict | None]:
-    """Check the endpoints before anything is collected; the vocabulary size (exact mode) and a declared fault."""
+    """Check the endpoints before anything is collected; the vocabulary size (exact mode) and a declared fault.
+
+    A ``vocab_size`` given by the user is taken as it is (no whole-vocabulary probe is sent).
+    """
     entry = _check_model(under_test.client, under_test.model)
     if ref is not None:
         _check_model(ref.client, ref.model)
@@ -259,6 +268,8 @@ def _preflight(
         assert ref is not None
         _probe_sampling(ref.client, ref.model, sampling, prompt)
         return None, declared
+    if vocab_size is not None:
+        return vocab_size, declared
     target_side = ref or under_test
     vocab = _probe_vocab(target_side.client, target_side.model)
     if ref is not None:
@@ -309,11 +320,14 @@ def _with_batch_invariance(report, fetcher, model, sampling, samples, *, tier, s
 
 
 def _run_battery(fetcher, under_test, target_side, mode, sampling, vocab, prompt_lists, *, tier, seed, alpha,
-                 num_samples, max_new_tokens, samples_per_request, check_determinism, batch_invariance, greedy):  # fmt: skip
+                 num_samples, max_new_tokens, samples_per_request, check_determinism, batch_invariance, greedy,
+                 top_logprobs=None):  # fmt: skip
     """The decoder battery on the endpoint's subjects (and the batch-invariance tests): report, target, summary."""
     decoder = EndpointDecoder(fetcher, under_test.model, sampling, samples_per_request=samples_per_request,
                               vocab_size=vocab, label=under_test.label, repeat_from_store=not check_determinism)  # fmt: skip
-    target = EndpointTarget(fetcher, target_side.model, sampling, vocab_size=vocab) if mode == "exact" else None
+    target = None
+    if mode == "exact":
+        target = EndpointTarget(fetcher, target_side.model, sampling, vocab_size=vocab, top_logprobs=top_logprobs)
     reference = None
     if mode == "two_sample":
         reference = EndpointDecoder(fetcher, target_side.model, sampling, role="reference",
@@ -366,6 +380,8 @@ def check_endpoint(
     send_key_over_http: bool = False,
     batch_invariance: int = 0,
     check_determinism: bool = True,
+    top_logprobs: int | None = None,
+    vocab_size: int | None = None,
     progress=None,
     announce=None,
 ):
@@ -412,6 +428,17 @@ def check_endpoint(
         are an implementation error (verdict ERROR, the law untested).  False: the repeat is
         answered from the store, so the law is tested on a server whose seeded outputs are not
         reproducible; the report says determinism was not checked.
+    top_logprobs : int, optional
+        Exact-conditional mode: teacher forcing asks for the ``top_logprobs`` most likely tokens of
+        every position (``prompt_logprobs = top_logprobs``) instead of the whole vocabulary, so
+        replies, the store and memory grow with it, not with V.  It fixes the law only under
+        ``top_k`` < ``top_logprobs`` (or temperature 0); a law whose cut ties the least listed
+        value is asked again over the whole vocabulary (``extra.endpoint.memo``).  None (default):
+        the whole vocabulary.
+    vocab_size : int, optional
+        The served vocabulary (the model's head width), taken as given: no whole-vocabulary law is
+        asked to learn it, so with ``top_logprobs`` a server capped at ``top_logprobs`` logprobs
+        (vLLM's default ``--max-logprobs 20``) can be audited.  None (default): probed.
     progress : callable, optional
         ``progress(state)`` with a :class:`~specverify.endpoint.pool.FetchProgress` as replies
         arrive: the batch, and the run's requests of the plan's upper bound, tokens, time, ETA.
@@ -446,6 +473,12 @@ def check_endpoint(
         raise InvalidArgument(f"tier must be one of {sorted(TIER_PLANS)}, got {tier!r}")
     if two_sample and not reference_url:
         raise InvalidArgument("two_sample=True needs reference_url (the same model served without speculation)")
+    if top_logprobs is not None:
+        if two_sample:
+            raise InvalidArgument("top_logprobs is for exact-conditional mode; two_sample=True asks for no logprobs")
+        check_top_logprobs(top_logprobs, sampling, MAX_VOCAB)
+    if vocab_size is not None:
+        vocab_size = check_int("vocab_size", vocab_size, minimum=2, maximum=MAX_VOCAB)
     key_env = key_variable(key_env)
     mode = "two_sample" if two_sample else "exact"
     prompt_lists = _load_prompts(prompts)
@@ -470,6 +503,8 @@ def check_endpoint(
         "prompts": prompt_lists,
         "samples_per_request": samples_per_request,
         **({} if check_determinism else {"check_determinism": False}),
+        **({} if top_logprobs is None else {"top_logprobs": top_logprobs}),
+        **({} if vocab_size is None else {"vocab_size": vocab_size}),
     }
     scratch = tempfile.TemporaryDirectory() if out_dir is None else None
     try:
@@ -479,7 +514,8 @@ def check_endpoint(
             clients = {"decoder": under_test.client, "reference": target_side.client, "target": target_side.client}
             fetcher = Fetcher(clients, store, concurrency=concurrency, progress=progress, planned=plan.requests)
             try:
-                vocab, declared = _preflight(under_test, ref, mode, sampling, prompt_lists[0] if prompt_lists else [0])
+                vocab, declared = _preflight(under_test, ref, mode, sampling, prompt_lists[0] if prompt_lists else [0],
+                                             vocab_size)  # fmt: skip
                 if announce is not None:
                     if declared is not None and not declared["reachable"]:
                         announce("warning: " + declared["note"])
@@ -488,7 +524,7 @@ def check_endpoint(
                     fetcher, under_test, target_side, mode, sampling, vocab, prompt_lists,
                     tier=tier, seed=seed, alpha=alpha, num_samples=num_samples, max_new_tokens=max_new_tokens,
                     samples_per_request=samples_per_request, check_determinism=check_determinism,
-                    batch_invariance=batch_invariance, greedy=temperature == 0,
+                    batch_invariance=batch_invariance, greedy=temperature == 0, top_logprobs=top_logprobs,
                 )  # fmt: skip
             except KeyboardInterrupt:
                 fetcher.abort()
@@ -523,7 +559,8 @@ def check_endpoint(
         dict(reference_url=reference_url, reference_model=reference_model, two_sample=two_sample or None,
              temperature=temperature, top_k=top_k, top_p=top_p, prompts=prompts, tier=tier, seed=seed, alpha=alpha,
              num_samples=num_samples, max_new_tokens=max_new_tokens, samples_per_request=samples_per_request,
-             batch_invariance=batch_invariance or None, check_determinism=None if check_determinism else False),
+             batch_invariance=batch_invariance or None, check_determinism=None if check_determinism else False,
+             top_logprobs=top_logprobs, vocab_size=vocab_size),
     )  # fmt: skip
     return dataclasses.replace(
         report, implementation=under_test.label, command=command, extra={**report.extra, "endpoint": endpoint}

@@ -208,14 +208,18 @@ class CompletionServer:
         """vLLM's prompt_logprobs: None, then per token the raw logprobs of the top ``top`` tokens (-1: all) and the token's own."""
         with torch.no_grad():
             logits = self.target(torch.tensor([prompt]))[0, :-1].double()  # (S - 1, V)
-        logprobs = torch.log_softmax(logits, -1)
+        logprobs = torch.log_softmax(logits, -1)  # (S - 1, V)
+        order = torch.sort(-logprobs, dim=-1, stable=True).indices  # (S - 1, V) most likely first, ties by id
+        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(1, order.shape[-1] + 1).expand_as(order))
         out: list = [None]
-        for i, row in enumerate(logprobs.tolist()):
-            order = sorted(range(len(row)), key=lambda t: (-row[t], t))
-            keep = order if top == -1 else order[:top]
-            ids = dict.fromkeys([*keep, prompt[i + 1]])
-            rank = {t: r + 1 for r, t in enumerate(order)}
-            out.append({str(t): {"logprob": row[t], "rank": rank[t], "decoded_token": str(t)} for t in ids})
+        for i in range(logprobs.shape[0]):
+            keep = order[i] if top == -1 else order[i, :top]
+            ids = list(dict.fromkeys([*keep.tolist(), prompt[i + 1]]))
+            at = torch.tensor(ids)
+            values, ranks = logprobs[i, at].tolist(), rank[i, at].tolist()
+            out.append(
+                {str(t): {"logprob": v, "rank": r, "decoded_token": str(t)} for t, v, r in zip(ids, values, ranks)}
+            )
         return out
 
 

@@ -15,6 +15,12 @@ after all of its prefixes, so the requests are the distinct longest needed prefi
 sorted order; each keeps only the laws no earlier request covered, which makes the store's
 contents a function of the samples).  The laws are the server's raw log-probabilities,
 processed with the audit's sampling parameters (:func:`specverify.endpoint.api.processed_laws`).
+
+With ``top_logprobs=M`` the requests ask for the ``M`` most likely tokens of every position
+instead of the whole vocabulary, and the target keeps only those (ids and values): replies,
+store and memory then grow with M, not with V.  Under top-k (k < M) or greedy sampling they fix
+the processed law exactly (:func:`specverify.endpoint.api.top_resolves`); a law whose cut ties
+the least listed value is asked again over the whole vocabulary.
 """
 
 from __future__ import annotations
@@ -27,23 +33,31 @@ import numpy as np
 import torch
 
 from specverify.core.errors import InvalidArgument
+from specverify.core.validation import check_int
 from specverify.endpoint.api import (
     LOGPROB_POSITIVE_TOL,
     MAX_VOCAB,
     Sampling,
     completion_body,
     continuations,
+    densify,
     processed_laws,
     prompt_logprob_rows,
+    prompt_logprob_tops,
     sampling_reply_bytes,
     teacher_forcing_body,
     teacher_forcing_reply_bytes,
+    top_resolves,
 )
+from specverify.endpoint.http import EndpointError
 from specverify.endpoint.pool import Fetcher, Request
 
-__all__ = ["EndpointDecoder", "EndpointTarget", "SEED_MODULUS", "sampling_request"]
+__all__ = ["EndpointDecoder", "EndpointTarget", "SEED_MODULUS", "sampling_request", "check_top_logprobs"]
 
 SEED_MODULUS = 2**31
+#: Top-M laws an audit asks again over the whole vocabulary (a tie at the cut) before it stops: a
+#: server cannot turn a top-M audit into a whole-vocabulary one (64 laws: 134 MB at V = 262,144).
+MAX_FALLBACKS = 64
 
 
 class EndpointDecoder:
@@ -137,6 +151,34 @@ def sampling_request(role: str, model: str, sampling: Sampling, prompt: list[int
                    max_bytes=sampling_reply_bytes(n, max_tokens), check=check)  # fmt: skip
 
 
+def _kept_tops(sequence: list[int], keep: list[int], top: int, vocab_size: int):
+    def parse(reply):
+        rows = prompt_logprob_tops(reply, sequence, top, vocab_size)  # S - 1 sparse rows
+        return [[rows[m - 1][0].tolist(), rows[m - 1][1].tolist()] for m in keep]
+
+    return parse
+
+
+def _tops_check(count: int, top: int, vocab_size: int):
+    def check(stored) -> bool:
+        if not isinstance(stored, list) or len(stored) != count:
+            return False
+        for row in stored:
+            if not (isinstance(row, list) and len(row) == 2 and isinstance(row[0], list) and isinstance(row[1], list)):
+                return False
+            ids, values = row
+            if not 0 < len(ids) == len(values) <= min(top, vocab_size) or len(set(ids)) != len(ids):
+                return False
+            if not all(type(t) is int and 0 <= t < vocab_size for t in ids):
+                return False
+            lp = np.asarray(values, dtype=np.float64)
+            if np.isnan(lp).any() or (lp > LOGPROB_POSITIVE_TOL).any() or (np.diff(lp) > 0).any():
+                return False
+        return True
+
+    return check
+
+
 def _kept_rows(sequence: list[int], keep: list[int], vocab_size: int | None):
     def parse(reply):
         rows = prompt_logprob_rows(reply, sequence, vocab_size)  # (S - 1, V): row m - 1 is the law after seq[:m]
@@ -169,56 +211,94 @@ class EndpointTarget:
         Known V (every row must cover it); otherwise taken from the first reply.
     role : str
         Which client of ``fetcher`` answers (default ``"target"``).
+    top_logprobs : int, optional
+        Ask for the ``top_logprobs`` most likely tokens per position instead of the whole
+        vocabulary (needs ``vocab_size``, and top-k with k < ``top_logprobs`` or greedy sampling:
+        the only laws a top-M list fixes; see the module docstring).
     """
 
     def __init__(
-        self, fetcher: Fetcher, model: str, sampling: Sampling, *, vocab_size: int | None = None, role="target"
+        self,
+        fetcher: Fetcher,
+        model: str,
+        sampling: Sampling,
+        *,
+        vocab_size: int | None = None,
+        role="target",
+        top_logprobs: int | None = None,
     ):
         self.fetcher, self.model, self.sampling, self.role = fetcher, model, sampling, role
         self.vocab_size = vocab_size
-        self.raw: dict[tuple, np.ndarray] = {}  # prefix -> raw logprob row (V,)
+        self.top = None if top_logprobs is None else check_top_logprobs(top_logprobs, sampling, vocab_size)
+        self.raw: dict[tuple, np.ndarray | tuple[np.ndarray, np.ndarray]] = {}  # prefix -> (V,) row or (ids, values)
         self.requests = 0  # teacher-forcing requests planned (sent or from the store)
         self.laws_asked = 0  # prefix laws the battery asked for (with repeats)
+        self.dense_fallbacks = 0  # sparse laws asked again over the whole vocabulary (a tie at the cut)
 
     def _ensure(self, prefixes: list[tuple]) -> None:
         """Make the raw law after every prefix in ``prefixes`` known, one request per longest new prefix."""
         needed = sorted({p for p in prefixes if p not in self.raw})
         if not needed:
             return
-        wanted = set(needed)
-        longest = [p for p in needed if not _has_extension(p, needed)]
-        planned: set[tuple] = set()
+        wanted, planned = set(needed), set[tuple]()
         requests, plans = [], []
-        for leaf in longest:
+        for leaf in [p for p in needed if not _has_extension(p, needed)]:
             keep = [m for m in range(1, len(leaf) + 1) if leaf[:m] in wanted and leaf[:m] not in planned]
-            if not keep:
-                continue
-            planned.update(leaf[:m] for m in keep)
-            sequence = list(leaf) + [0]
-            requests.append(
-                Request(
-                    self.role,
-                    teacher_forcing_body(self.model, sequence),
-                    parse=_kept_rows(sequence, keep, self.vocab_size),
-                    extra={"keep": keep},
-                    tokens=len(sequence),
-                    max_bytes=teacher_forcing_reply_bytes(len(sequence), self.vocab_size),
-                    check=_rows_check(len(keep), self.vocab_size),
-                )
-            )
-            plans.append((leaf, keep))
-        self.requests += len(requests)
-        replies = self.fetcher.fetch(requests, what="target laws")
-        for (leaf, keep), rows in zip(plans, replies):
+            if keep:
+                planned.update(leaf[:m] for m in keep)
+                requests.append(self._request(list(leaf) + [0], keep, self.top))
+                plans.append((leaf, keep))
+        unresolved = []
+        for (leaf, keep), rows in zip(plans, self._fetch(requests, "target laws")):
             for m, row in zip(keep, rows):
-                self.raw[leaf[:m]] = np.asarray(row, dtype=np.float64)
+                if self.top is None:
+                    self.raw[leaf[:m]] = np.asarray(row, dtype=np.float64)
+                    continue
+                law = (np.asarray(row[0], dtype=np.int64), np.asarray(row[1], dtype=np.float64))
+                if top_resolves(law[1], self.vocab_size, self.sampling):  # type: ignore[arg-type]
+                    self.raw[leaf[:m]] = law
+                else:  # the cut ties the least listed value: ask this law over the whole vocabulary
+                    unresolved.append(leaf[:m])
         if self.vocab_size is None:
             self.vocab_size = len(next(iter(self.raw.values())))
+        if self.dense_fallbacks + len(unresolved) > MAX_FALLBACKS:
+            error = EndpointError(
+                f"{self.dense_fallbacks + len(unresolved)} top-{self.top} laws tie the sampler's cut at their least "
+                f"listed value, more than the {MAX_FALLBACKS} the audit asks again over the whole vocabulary: "
+                "raise --top-logprobs"
+            )
+            self.fetcher.failure = error  # the run ends as for a server that failed for good
+            raise error
+        dense = [self._request([*prefix, 0], [len(prefix)], None) for prefix in unresolved]
+        self.dense_fallbacks += len(dense)
+        for prefix, rows in zip(unresolved, self._fetch(dense, "target laws (whole vocabulary)")):
+            self.raw[prefix] = np.asarray(rows[0], dtype=np.float64)
+
+    def _request(self, sequence: list[int], keep: list[int], top: int | None) -> Request:
+        """The teacher-forcing request of ``sequence`` keeping the laws after ``sequence[:m]``, m in ``keep``."""
+        V = self.vocab_size
+        if top is None:
+            parse, check = _kept_rows(sequence, keep, V), _rows_check(len(keep), V)
+        else:
+            assert V is not None  # check_top_logprobs
+            parse, check = _kept_tops(sequence, keep, top, V), _tops_check(len(keep), top, V)
+        return Request(self.role, teacher_forcing_body(self.model, sequence, top=-1 if top is None else top),
+                       parse=parse, extra={"keep": keep}, tokens=len(sequence),
+                       max_bytes=teacher_forcing_reply_bytes(len(sequence), V, -1 if top is None else top),
+                       check=check)  # fmt: skip
+
+    def _fetch(self, requests: list[Request], what: str) -> list:
+        self.requests += len(requests)
+        return self.fetcher.fetch(requests, what=what) if requests else []
+
+    def _row(self, prefix: tuple) -> np.ndarray:
+        law = self.raw[prefix]
+        return densify(law[0], law[1], self.vocab_size) if isinstance(law, tuple) else law  # type: ignore[arg-type]
 
     def _laws(self, prefixes: list[tuple]) -> torch.Tensor:
         self.laws_asked += len(prefixes)
         self._ensure(prefixes)
-        raw = np.stack([self.raw[p] for p in prefixes])  # (B, V)
+        raw = np.stack([self._row(p) for p in prefixes])  # (B, V)
         return processed_laws(raw, self.sampling)
 
     def next_token_probs(self, prefix: torch.Tensor) -> torch.Tensor:
@@ -235,13 +315,32 @@ class EndpointTarget:
         return laws.reshape(len(seqs), S - start, -1)
 
     def memo(self) -> dict:
-        """How much the prefix trie saved: distinct laws obtained, requests, laws asked for."""
-        return {
+        """How much the prefix trie saved: distinct laws obtained, requests, laws asked for (and, with
+        ``top_logprobs``, the entries per law and the laws asked again over the whole vocabulary)."""
+        out = {
             "distinct_prefix_laws": len(self.raw),
             "teacher_forcing_requests": self.requests,
             "laws_asked": self.laws_asked,
             "laws_per_request": round(len(self.raw) / self.requests, 3) if self.requests else None,
         }
+        if self.top is not None:
+            out.update(top_logprobs=self.top, whole_vocabulary_fallbacks=self.dense_fallbacks)
+        return out
+
+
+def check_top_logprobs(top_logprobs, sampling: Sampling, vocab_size: int | None) -> int:
+    """``top_logprobs`` validated against the sampling parameters it must fix the law of."""
+    top = check_int("top_logprobs", top_logprobs, minimum=2)
+    if vocab_size is None:
+        raise InvalidArgument("top_logprobs needs vocab_size (the sparse rows are read against it)")
+    k = 1 if sampling.temperature == 0 else sampling.top_k
+    if k is None or k >= top:
+        raise InvalidArgument(
+            f"top_logprobs={top} fixes the law only under top-k with k < top_logprobs or greedy sampling "
+            f"(got top_k={sampling.top_k}, temperature={sampling.temperature:g}): without a cut every token's "
+            "value is needed, so ask for the whole vocabulary"
+        )
+    return top
 
 
 def _has_extension(prefix: tuple, sorted_prefixes: list[tuple]) -> bool:
