@@ -80,7 +80,7 @@ def measure(code: str, args: list[str]) -> dict:
         raise SystemExit(f"failed ({done.returncode}): {args}\n{done.stderr[-2000:]}")
     last = json.loads(done.stdout.strip().splitlines()[-1])
     row = {"wall_s": round(wall, 2), "peak_gb": round(last["peak_kib"] * 1024 / 1e9, 3)}
-    if "status" in last:  # the audit's exit status: 0 PASS, 1 FAIL, 2 ERROR
+    if "status" in last:  # the audit's exit status: 0 the gate passes (PASS or SUSPICIOUS), 1 FAIL, 2 ERROR
         row["status"] = last["status"]
     return row
 
@@ -164,7 +164,7 @@ def main(argv=None) -> int:
     print("\n| audit | V | wall (s) | peak RSS (GB) | verdict |\n|---|---|---|---|---|")
     for row in rows:
         extra = f" (server {row['server_peak_gb']} GB, store {row['store_mb']} MB)" if "store_mb" in row else ""
-        status = {0: "PASS", 1: "FAIL", 2: "ERROR"}.get(row.get("status"), "")
+        status = {0: "gate passes", 1: "FAIL", 2: "ERROR"}.get(row.get("status"), "")
         print(f"| {row['audit']} | {row['vocab']} | {row['wall_s']} | {row['peak_gb']}{extra} | {status} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
