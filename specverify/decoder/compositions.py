@@ -35,7 +35,7 @@ from specverify.core.errors import ImplementationError, raised
 from specverify.core.results import TestResult
 from specverify.core.seeds import derive_seed
 
-from .protocol import target_conditionals
+from .protocol import summed_conditionals
 
 __all__ = ["COMPOSITIONS", "SAMPLE_SHARE", "composition_results"]
 
@@ -91,7 +91,7 @@ def composition_results(
     generate_requests = getattr(decoder, "generate_requests", None)
     if not callable(generate_requests):
         return [], {"batch_invariance": "not tested: the decoder has no generate_requests method"}
-    V, L, T = vocab_size, max_new_tokens, prompt.numel()
+    V, L = vocab_size, max_new_tokens
     n = max(200, int(num_samples * SAMPLE_SHARE))
     results: list[TestResult] = []
     alone = None
@@ -99,8 +99,7 @@ def composition_results(
     for size in COMPOSITIONS:
         prompts, counts, seeds = _requests(prompt, neighbours, size, n, seed, derive_seed(seed, size))
         tokens = _call(generate_requests, prompts, counts, seeds, L, V)  # (n, L)
-        seqs = torch.cat([prompt.expand(n, T), tokens], 1)  # (n, T + L)
-        expected = target_conditionals(target, seqs, T, V).sum(0).numpy()  # (L, V)
+        expected = summed_conditionals(target, prompt, tokens, V).numpy()  # (L, V), in blocks of rows
         counts_np = np.stack([np.bincount(tokens[:, j].numpy(), minlength=V) for j in range(L)])  # (L, V)
         for j in range(L):
             where = f"abs={j + 1} batch={size}"

@@ -43,7 +43,7 @@ from specverify import stats
 from specverify.core.results import TestResult
 from specverify.core.seeds import derive_seed
 
-from .protocol import target_conditionals
+from .protocol import conditional_blocks
 
 __all__ = ["ExactPlan", "ExactAnalysis", "analyse_exact", "prefix_ids"]
 
@@ -51,8 +51,6 @@ __all__ = ["ExactPlan", "ExactAnalysis", "analyse_exact", "prefix_ids"]
 COLLISION_BATCH = 64
 #: A pair class of the dependence family needs at least this many token pairs.
 MIN_PAIR_TOKENS = 20
-#: Float64 entries of one chunk of conditionals (rows * L * V).
-CHUNK_ENTRIES = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -120,7 +118,6 @@ def analyse_exact(
     """
     N, L = tokens.shape
     V = vocab_size
-    T = prompt.numel()
     labels = dict(scenario=scenario)
     ids = prefix_ids(tokens, V)  # (N, L)
     candidates = _candidate_nodes(ids, plan)
@@ -137,12 +134,9 @@ def analyse_exact(
     all_one_hot = True
     prompt_probs = None
     pit_generator = torch.Generator().manual_seed(pit_seed)
-    step = max(16, CHUNK_ENTRIES // max(1, L * V))  # rows per chunk
-    for s in range(0, N, step):
-        chunk = tokens[s : s + step]  # (b, L)
-        b = chunk.shape[0]
-        seqs = torch.cat([prompt.expand(b, T), chunk], dim=1)  # (b, T + L)
-        cond = target_conditionals(target, seqs, T, V)  # (b, L, V)
+    for s, cond in conditional_blocks(target, prompt, tokens, V):  # cond (b, L, V)
+        b = cond.shape[0]
+        chunk = tokens[s : s + b]  # (b, L)
         if prompt_probs is None:
             prompt_probs = cond[0, 0].numpy().copy()
         expected += cond.sum(0)

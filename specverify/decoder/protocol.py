@@ -34,10 +34,15 @@ __all__ = [
     "check_determinism",
     "vocab_size_of",
     "target_conditionals",
+    "conditional_blocks",
+    "summed_conditionals",
+    "block_rows",
 ]
 
 #: Prompt lengths drawn for derived prompts (inclusive range).
 PROMPT_LEN = (3, 6)
+#: Float64 entries of one block of teacher-forced conditionals (rows * L * V): 32 MiB.
+CHUNK_ENTRIES = 1 << 22
 
 
 def make_prompts(num_prompts: int, vocab_size: int, *, seed: int) -> list[torch.Tensor]:
@@ -221,6 +226,38 @@ def target_conditionals(target, sequences: torch.Tensor, start: int, vocab_size:
     for j in range(L):
         out[:, j] = next_token_probs(target, seqs[:, : start + j], vocab_size)
     return out
+
+
+def block_rows(length: int, vocab_size: int, entries: int = CHUNK_ENTRIES) -> int:
+    """Rows per block so that a block's (rows, length, V) float64 conditionals hold at most
+    ``entries`` values (at least one row)."""
+    return max(1, entries // max(1, length * vocab_size))
+
+
+def conditional_blocks(target, prompt: torch.Tensor, tokens: torch.Tensor, vocab_size: int, *, rows: int | None = None):
+    """Teacher-forced conditionals of ``tokens`` (N, L) after ``prompt`` (T,), in blocks of rows.
+
+    Yields ``(start, block)``: ``block`` (b, L, V) float64 is
+    :func:`target_conditionals` of rows ``start .. start + b - 1``, with
+    ``b = rows`` (default :func:`block_rows`), so that peak memory is one block's, whatever N
+    (the caller reduces each block to what its tests need before the next one is made).
+    """
+    N, L = tokens.shape
+    T = prompt.numel()
+    step = rows if rows is not None else block_rows(L, vocab_size)
+    for start in range(0, N, step):
+        chunk = tokens[start : start + step]  # (b, L)
+        seqs = torch.cat([prompt.expand(chunk.shape[0], T), chunk], dim=1)  # (b, T + L)
+        yield start, target_conditionals(target, seqs, T, vocab_size)  # (b, L, V)
+
+
+def summed_conditionals(target, prompt: torch.Tensor, tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Sum over the N rows of the teacher-forced conditionals of ``tokens`` (N, L): (L, V) float64,
+    made block by block (:func:`conditional_blocks`)."""
+    total = torch.zeros(tokens.shape[1], vocab_size, dtype=torch.float64)  # (L, V)
+    for _, block in conditional_blocks(target, prompt, tokens, vocab_size):
+        total += block.sum(0)
+    return total
 
 
 class ProgressTicker:

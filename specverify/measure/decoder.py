@@ -15,6 +15,10 @@ selects them; the chain and tree measurements label from 0, as the verifier batt
 Each stratum's sample split is drawn from
 :func:`specverify.measure.chain.split_generator` ``(seed, name, stratum)``.
 
+Memory: the laws of one position's contexts at a time, O(C V) (the estimator of
+:func:`specverify.stats.divergence.divergence` reads every context's whole law); never the
+(N, L, V) conditionals of every sample.
+
 Shapes: N samples, T prompt tokens, L new tokens, V vocabulary, C contexts.
 """
 
@@ -30,6 +34,7 @@ from specverify.core.results import TestResult
 from specverify.core.validation import check_int
 from specverify.decoder.conditionals import prefix_ids
 from specverify.decoder.protocol import (
+    block_rows,
     call_generate,
     generate_fn,
     next_token_probs,
@@ -44,6 +49,20 @@ from specverify.stats.gof import support_test
 from specverify.stats.sparse import gof_pair
 
 __all__ = ["measure_decoder_divergence"]
+
+
+def context_rows(model, sequences: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The law of each sequence's last token given the tokens before it: (C, V) float64.
+
+    Teacher-forced one position at a time (``start = S - 1``) in blocks of rows, so that
+    only the rows the estimate reads exist: memory O(C V), not O(N L V).
+    """
+    C, S = sequences.shape
+    out = torch.empty(C, vocab_size, dtype=torch.float64)  # (C, V)
+    step = block_rows(1, vocab_size)
+    for s in range(0, C, step):
+        out[s : s + step] = target_conditionals(model, sequences[s : s + step], S - 1, vocab_size)[:, 0]
+    return out
 
 
 def measure_decoder_divergence(
@@ -94,28 +113,28 @@ def measure_decoder_divergence(
     )  # (N, L) validated
     sequences = torch.cat([prompt[None].expand(num_samples, -1), samples], 1)  # (N, T+L)
     T = prompt.shape[0]
-    p_all = target_conditionals(target, sequences, T, V)  # (N, L, V) float64
-    q_all = None if draft is None else target_conditionals(draft, sequences, T, p_all.shape[-1])  # (N, L, V)
     if positions is None:
         positions = range(1, max_new_tokens + 1)
     positions = [check_int("positions", t, minimum=1, maximum=max_new_tokens) for t in positions]
     conformance: list[TestResult] = []
     by_position = []
-    all_ids = prefix_ids(samples, p_all.shape[-1])  # (N, L) the prefix before each position
+    all_ids = prefix_ids(samples, V)  # (N, L) the prefix before each position
     for t in (t - 1 for t in positions):
         ids = all_ids[:, t]  # (N,)
         first = torch.zeros(int(ids.max()) + 1, dtype=torch.long).scatter_(
             0, ids.flip(0), torch.arange(num_samples).flip(0)
         )
-        p_rows = p_all[first, t]  # (C, V) one row per context (the first sample holding it)
+        # one row per context (the first sample holding it), teacher-forced at position t alone
+        p_rows = context_rows(target, sequences[first, : T + t + 1], V)  # (C, V)
         tokens = samples[:, t].numpy()  # (N,)
         position = f"abs={t + 1}"
         estimate = divergence(
             tokens, p_rows.numpy(), contexts=ids.numpy(), level=level, generator=split_generator(seed, name, position)
         )
         declared_tv = None
-        if declared_law is not None and q_all is not None:
-            law = torch.as_tensor(declared_law(p_rows, q_all[first, t]), dtype=torch.float64)  # (C, V)
+        if declared_law is not None and draft is not None:
+            q_rows = context_rows(draft, sequences[first, : T + t + 1], V)  # (C, V)
+            law = torch.as_tensor(declared_law(p_rows, q_rows), dtype=torch.float64)  # (C, V)
             law = law / law.sum(-1, keepdim=True)
             weights = torch.bincount(ids, minlength=law.shape[0]).to(torch.float64)  # (C,)
             declared_tv = float((weights * 0.5 * (law - p_rows).abs().sum(-1)).sum() / num_samples)
