@@ -48,12 +48,25 @@ def _planted():
     return fake_mutant, fake_variant
 
 
+def _planted_below_tier():
+    """The canonical rule posing as a mutant that needs more tokens than any tier runs: not scored."""
+    return CatalogueEntry(
+        "planted_below", "verifier", mutants.by_name("canonical").fn, "canonical, posing as a subtle mutant", "test",
+        needs="any", tokens_to_detect=10**12, effect="planted: needs 1e12 tokens",
+    )  # fmt: skip
+
+
 def _small_selftest(workers: int = 1):
     fake_mutant, fake_variant = _planted()
     return selftest.run_selftest(
         "smoke",
         0,
-        verifiers=[mutants.by_name("always_accept"), mutants.by_name("residual_is_p"), fake_mutant],
+        verifiers=[
+            mutants.by_name("always_accept"),
+            mutants.by_name("residual_is_p"),
+            fake_mutant,
+            _planted_below_tier(),
+        ],
         equivalents=[mutants.by_name("accept_le"), fake_variant],
         scenarios=[SCENARIO],
         decoders=False,
@@ -117,6 +130,10 @@ def test_killed_and_survived_bookkeeping(small_result):
     assert [x["name"] for x in r.survivors] == ["planted_correct"]
     assert [x["name"] for x in r.false_alarms] == ["planted_lossy"]
     assert r.mutation_score == (2, 3) and not r.passed
+    # a mutant below the tier's detectable deviation runs, is reported, and is not scored
+    below = _row(r, "planted_below")
+    assert below["expected"] == "below tier" and below["ok"] and not below["killed"]
+    assert below["tokens_to_detect"] == 10**12 and "below tier (needs > 1,000,000,000,000 tokens)" in render_text(r)
     # a survivor reports how close the battery came
     assert _row(r, "planted_correct")["closest_test"]["adjusted_pvalue"] > r.alpha
 
@@ -202,6 +219,7 @@ def test_markdown_matrix_has_the_columns(small_result, monkeypatch, tmp_path):
     for col in MATRIX_COLUMNS + ("peer chi2_10sigma",):
         assert f" {col} |" in header, col
     assert "| peer chi2_10sigma | 2/3 | 1/2 |" in text  # totals: the fake peer mirrors specverify
+    assert "Not in the totals (below this tier's detectable deviation): planted_below." in text
     assert "`always_accept`" in text and "## Calibration" in text
     assert render_markdown(small_result).count("\n") > 10 and "LR ratio" in render_text(small_result)
 

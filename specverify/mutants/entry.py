@@ -52,6 +52,15 @@ class CatalogueEntry:
         Drafters: the consistency test expected to catch the mutant.
     config : object
         Decoders: the sampling configuration under which the bug changes the law.
+    tokens_to_detect : int
+        Mutants whose effect is below the smoke tier's detectable deviation: a measured lower
+        bound on the emitted tokens the battery needs to kill them -- the largest run of their
+        witness scenario (the smoke battery, rows doubled, seed 0, alpha 1e-3) that did not kill
+        them; 0 for a mutant the smoke tier must kill.  The selftest runs such a mutant, reports
+        it, and expects a kill only from a run of more than this many tokens.
+    effect : str
+        The validated effect of a ``tokens_to_detect`` mutant (exact, or measured by a large-sample
+        direct test) and how ``tokens_to_detect`` was measured.
     """
 
     name: str
@@ -63,10 +72,17 @@ class CatalogueEntry:
     requires: str = ""
     caught_by: str = ""
     config: Any = None
+    tokens_to_detect: int = 0
+    effect: str = ""
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise InvalidArgument(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if self.tokens_to_detect < 0 or (self.tokens_to_detect > 0) != bool(self.effect):
+            raise InvalidArgument(
+                f"entry {self.name!r}: tokens_to_detect (got {self.tokens_to_detect}) must be >= 0, and > 0 exactly "
+                "when effect states the validated effect"
+            )
 
     @property
     def subject(self) -> str:

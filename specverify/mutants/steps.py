@@ -27,6 +27,7 @@ import math
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from specverify.core.errors import InvalidArgument
@@ -65,6 +66,10 @@ __all__ = [
     "draw_overflow_to_first",
     "draw_bf16_cdf",
     "draw_exponential_race",
+    "fp32_running_cdf",
+    "draw_fp32_running_cdf",
+    "draw_fp32_exponential_race",
+    "FP32_EXPONENTIAL_FLOOR",
     "q_unscattered",
     "padding_unmasked",
     "same_block",
@@ -342,6 +347,38 @@ def draw_exponential_race(weights, blk: Block, **_) -> torch.Tensor:
     """argmax_v w_v / E_v with E_v ~ Exp(1) i.i.d.: token v wins with probability w_v / sum w (vLLM V1)."""
     e = -torch.log1p(-uniform(weights.shape, generator=blk.generator, device=weights.device))  # (B, V) Exp(1)
     return (weights.double() / e).argmax(-1)
+
+
+#: Smallest float32 Exp(1) draw of ``exponential_()`` on CUDA: 2^-24 (none below it in 2e8 draws, vLLM PR #43150).
+FP32_EXPONENTIAL_FLOOR = 2.0**-24
+
+
+def fp32_running_cdf(weights) -> torch.Tensor:
+    """The CDF a float32 kernel builds: the row normalised in float64, rounded to float32, then
+    summed left to right in float32 (one rounding per token).  (B, V) float64 holding float32 values.
+
+    ``numpy``'s float32 ``cumsum`` is a sequential float32 sum on every CPU (``torch``'s CPU
+    ``cumsum`` accumulates float32 in double, which is not the bug)."""
+    total = torch.cumsum(weights.double(), -1)[..., -1:]  # (B, 1) sequential float64 sum
+    probs32 = (weights.double() / total).float().cpu().numpy()  # (B, V) float32
+    return torch.from_numpy(np.cumsum(probs32, axis=-1, dtype=np.float32).astype(np.float64)).to(weights.device)
+
+
+def draw_fp32_running_cdf(weights, blk: Block, **_) -> torch.Tensor:
+    """Wrong precision: inverse CDF over a float32 running sum (:func:`fp32_running_cdf`) against an
+    unscaled float64 uniform; a sum that stops short of 1 (tail tokens below half a float32 spacing
+    are absorbed) sends u past its end to the last id (SGLang PR #22643, TensorRT-LLM #19485)."""
+    cdf = fp32_running_cdf(weights)  # (B, V)
+    u = uniform((weights.shape[0], 1), generator=blk.generator, device=weights.device)  # (B, 1)
+    return _search(cdf, u, weights.shape[-1])
+
+
+def draw_fp32_exponential_race(weights, blk: Block, **_) -> torch.Tensor:
+    """Wrong precision: the exponential race ``argmax(w / E)`` in float32, with float32 Exp(1) noise
+    that never falls below 2^-24 (vLLM's ``q.exponential_()`` on CUDA, PRs #43150, #51367): a token
+    of weight below ~2^-24 of the row's largest can no longer win."""
+    e = (-torch.log1p(-uniform(weights.shape, generator=blk.generator, device=weights.device))).float()  # (B, V)
+    return (weights.float() / e.clamp_min(FP32_EXPONENTIAL_FLOOR)).argmax(-1)
 
 
 def draw_with_accept_uniform(weights, blk: Block, *, u, num_accepted, **_) -> torch.Tensor:

@@ -93,6 +93,9 @@ MUTANT_SCENARIOS: dict[str, tuple[str, ...]] = {
     # large vocabularies (docs/bugs.md)
     "q_unscattered": ("pos128256_lm_hot_set_k2",),
     "padding_unmasked": ("pos151936_lm_padding_leak_k2",),
+    # below the smoke tier (CatalogueEntry.tokens_to_detect): the witness scenario of the measurement
+    "residual_fp32_running_cdf": ("pos151936_lm_padding_leak_k2",),
+    "residual_fp32_exponential": ("pos151936_lm_padding_leak_k2",),
 }
 # fmt: on
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 
+from specverify.selftest.verifiers import BELOW_TIER
+
 __all__ = ["render_text", "render_json", "render_markdown", "MATRIX_COLUMNS", "outcome"]
 
 #: Columns of the Markdown mutation matrix (the specverify part).
@@ -25,6 +27,8 @@ MATRIX_COLUMNS = (
 def outcome(row: dict) -> str:
     if row["expected"] == "fail":
         return "killed" if row["killed"] else "SURVIVED"
+    if row["expected"] == BELOW_TIER:
+        return "killed" if row["killed"] else f"below tier (needs > {row['tokens_to_detect']:,} tokens)"
     return "FALSE ALARM" if row["killed"] else "passed"
 
 
@@ -76,6 +80,12 @@ def _summary_lines(result) -> list[str]:
         f"mutation score: {killed}/{total} mutants killed"
         + (f"; SURVIVED: {', '.join(r['name'] for r in result.survivors)}" if result.survivors else "")
     ]
+    below = [r for r in result.rows if r["expected"] == BELOW_TIER]
+    if below:
+        lines.append(
+            f"below this tier's detectable deviation (reported, not scored): {len(below)} mutants, "
+            + "; ".join(f"{r['name']} {outcome(r)}" for r in below)
+        )
     correct = [r for r in result.rows if r["expected"] == "pass"]
     lines.append(
         f"false alarms on correct variants: {len(result.false_alarms)}/{len(correct)}"
@@ -128,12 +138,18 @@ def _summary_lines(result) -> list[str]:
     return lines
 
 
+def _scored_mutants(result) -> set[str]:
+    """Names of the mutants a run is scored on (below-tier mutants are reported, not scored)."""
+    return {r["name"] for r in result.rows if r["expected"] == "fail"}
+
+
 def _peer_summary(result) -> list[str]:
     names = list(result.peers[0]["caught"]) if result.peers else []
+    scored = _scored_mutants(result)
     lines = []
     for n in names:
-        caught = sum(r["caught"][n] for r in result.peers if r["kind"] == "verifier")
-        mutants = sum(r["kind"] == "verifier" for r in result.peers)
+        caught = sum(r["caught"][n] for r in result.peers if r["name"] in scored)
+        mutants = sum(r["name"] in scored for r in result.peers)
         alarms = [r["name"] for r in result.peers if r["kind"] != "verifier" and r["caught"][n]]
         lines.append(
             f"peer {n}: {caught}/{mutants} verifier mutants caught, false alarms {len(alarms)}"
@@ -261,27 +277,30 @@ def render_markdown(result, *, command: str = "") -> str:
                 continue
             res = pr["results"][n]
             cells.append(
-                f"{'caught' if pr['caught'][n] else 'missed' if r['expected'] == 'fail' else 'passed'}"
+                f"{'caught' if pr['caught'][n] else 'missed' if r['expected'] != 'pass' else 'passed'}"
                 f" ({_n(res['samples'])}, {res['seconds']:.1f})"
             )
         lines.append("| " + " | ".join(cells) + " |")
     if peers:
         lines += ["", "### Totals", "", "| approach | mutants caught | false alarms on equivalents |", "|---|---|---|"]
-        killed, total = result.mutation_score
+        scored = _scored_mutants(result)
         vrows = [r for r in result.rows if r["group"] in ("verifier", "equivalent")]
         lines.append(
-            f"| specverify | {sum(r['killed'] for r in vrows if r['group'] == 'verifier')}/"
-            f"{sum(r['group'] == 'verifier' for r in vrows)} | "
+            f"| specverify | {sum(r['killed'] for r in vrows if r['name'] in scored)}/"
+            f"{sum(r['name'] in scored for r in vrows)} | "
             f"{sum(r['killed'] for r in vrows if r['group'] == 'equivalent')}/"
             f"{sum(r['group'] == 'equivalent' for r in vrows)} |"
         )
         for n in peer_names:
-            mut = [p for p in peers.values() if p["kind"] == "verifier"]
+            mut = [p for p in peers.values() if p["name"] in scored]
             eq = [p for p in peers.values() if p["kind"] != "verifier"]
             lines.append(
                 f"| peer {n} | {sum(p['caught'][n] for p in mut)}/{len(mut)} | "
                 f"{sum(p['caught'][n] for p in eq)}/{len(eq)} |"
             )
+        below = sorted(r["name"] for r in vrows if r["expected"] == BELOW_TIER)
+        if below:
+            lines += ["", f"Not in the totals (below this tier's detectable deviation): {', '.join(below)}."]
     other = [r for r in result.rows if r["group"] not in ("verifier", "equivalent")]
     if other:
         lines += [

@@ -26,7 +26,7 @@ from specverify.core.results import FAIL
 from specverify.verifier.battery import check_verifier, run_scenario
 from specverify.verifier.scenarios import get_scenarios
 
-__all__ = ["killing_test", "run_verifier_entry", "scaled_scenario", "scenario_tokens", "FIRST_LEVEL_ROWS"]
+__all__ = ["BELOW_TIER", "killing_test", "run_verifier_entry", "scaled_scenario", "scenario_tokens", "FIRST_LEVEL_ROWS"]
 
 #: Rows of the first doubling level.
 FIRST_LEVEL_ROWS = 8
@@ -113,6 +113,19 @@ def _doubling(fn, scenario, *, tier: str, seed: int, alpha: float) -> tuple[int 
     return None, trace
 
 
+#: ``expected`` of a mutant whose ``tokens_to_detect`` (a measured lower bound) is at least the tokens a run has.
+BELOW_TIER = "below tier"
+
+
+def _expected(entry, samples_run: int) -> str:
+    """``"pass"`` (an equivalent), ``"fail"`` (a mutant the run must kill) or :data:`BELOW_TIER`
+    (a mutant whose measured effect needs more tokens than the run has: reported, not scored)."""
+    if entry.kind != "verifier":
+        return "pass"
+    needed = getattr(entry, "tokens_to_detect", 0)
+    return BELOW_TIER if needed and samples_run <= needed else "fail"
+
+
 def run_verifier_entry(
     entry, *, tier: str, seed: int, alpha: float, scenarios=None, schedule: bool = True, lr_rows: int | None = None
 ) -> dict:
@@ -137,6 +150,8 @@ def run_verifier_entry(
     if kill is None and report.errors:
         kill = protocol_kill(report.errors[0])
     killed = not report.passed  # a fail, or an error (the mutant broke the protocol)
+    samples_run = sum(scenario_tokens(s, tier) for s in chosen)
+    expected = _expected(entry, samples_run)
     row = {
         "group": "verifier" if mutant else "equivalent",
         "name": entry.name,
@@ -144,13 +159,15 @@ def run_verifier_entry(
         "provenance": entry.provenance,
         "needs": entry.needs,
         "requires": entry.requires,
-        "expected": "fail" if mutant else "pass",
+        "expected": expected,
         "verdict": report.verdict,
         "conformance": report.conformance.verdict,
         "killed": killed,
-        "ok": killed if mutant else not killed,
+        "ok": {"fail": killed, "pass": not killed}.get(expected, True),
         "scenarios": [s.name for s in chosen],
-        "samples_run": sum(scenario_tokens(s, tier) for s in chosen),
+        "samples_run": samples_run,
+        "tokens_to_detect": getattr(entry, "tokens_to_detect", 0),
+        "effect": getattr(entry, "effect", ""),
         "killing_test": kill,
         "closest_test": None if killed else best_result(report.results),
         "errors": list(report.errors),

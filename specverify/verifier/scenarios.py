@@ -39,6 +39,8 @@ near-degenerate values         markov12_dirichlet_noisy_k4 (Dirichlet(0.3) rows)
 large vocabulary               pos32k_zipf_temperature_k2 (V = 32768, pooled bins, small B)
 padding_unmasked               pos151936_lm_padding_leak_k2 (support: any emitted padding id fails)
 q_unscattered                  pos128256_lm_hot_set_k2 (q read at target ids from the compact draft row)
+residual_fp32_running_cdf      pos151936_lm_padding_leak_k2 (long tail; below the smoke tier: tokens_to_detect)
+residual_fp32_exponential      pos151936_lm_padding_leak_k2 (tail below 2^-24; below the smoke tier: tokens_to_detect)
 =============================  ====================================================================
 
 Tiers scale the number of batches: ``smoke`` (every pull request, <= 60 s on 2 CPU
