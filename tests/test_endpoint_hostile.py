@@ -283,17 +283,41 @@ def test_the_threat_model_lists_every_misbehaviour():
 
 
 # ----------------------------------------------------------------------------------- Ctrl-C
+def _signal_state(pid: int) -> str:
+    """The child's signal masks when SIGINT is sent (blocked, ignored, caught), for a failure message."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return "no /proc status"
+    return "; ".join(line for line in lines if line.startswith(("SigBlk", "SigIgn", "SigCgt", "State")))
+
+
 def _interrupt(command: list[str], ready) -> tuple[subprocess.CompletedProcess, float]:
-    """Start ``command``, send SIGINT once ``ready()`` holds; its outcome and how long it took to exit."""
+    """Start ``command``, send SIGINT once ``ready()`` holds; its outcome and how long it took to exit.
+
+    The outcome's stderr ends with the child's signal state at the moment SIGINT was sent (SIGINT
+    is bit 2 of the masks), so that a run in which it did not end says whether SIGINT was blocked
+    or ignored there."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     started = time.monotonic()
     while not ready() and process.poll() is None and time.monotonic() - started < 60:
         time.sleep(0.02)
     assert process.poll() is None, process.communicate()
+    state = _signal_state(process.pid)
     sent = time.monotonic()
     process.send_signal(signal.SIGINT)
-    out, err = process.communicate(timeout=30)
-    return subprocess.CompletedProcess(command, process.returncode, out, err), time.monotonic() - sent
+    try:
+        out, err = process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        raise AssertionError(f"no exit 30 s after SIGINT; at SIGINT: {state}; stderr: {err[-1500:]}") from None
+    return subprocess.CompletedProcess(
+        command,
+        process.returncode,
+        out,
+        err + ("" if err.endswith("\n") or not err else "\n") + f"[at SIGINT: {state}]\n",
+    ), time.monotonic() - sent
 
 
 def _stored(path: Path) -> int:
