@@ -292,13 +292,23 @@ def _signal_state(pid: int) -> str:
     return "; ".join(line for line in lines if line.startswith(("SigBlk", "SigIgn", "SigCgt", "State")))
 
 
+def _interactive_sigint() -> None:
+    """In the child before exec: SIGINT delivered and at its default, as under an interactive shell
+    (a disposition inherited from the test process -- ignored, or blocked -- would otherwise carry
+    into the audit, which then never sees the Ctrl-C this test sends)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt(command: list[str], ready) -> tuple[subprocess.CompletedProcess, float]:
     """Start ``command``, send SIGINT once ``ready()`` holds; its outcome and how long it took to exit.
 
     The outcome's stderr ends with the child's signal state at the moment SIGINT was sent (SIGINT
     is bit 2 of the masks), so that a run in which it did not end says whether SIGINT was blocked
     or ignored there."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_interactive_sigint
+    )
     started = time.monotonic()
     while not ready() and process.poll() is None and time.monotonic() - started < 60:
         time.sleep(0.02)
