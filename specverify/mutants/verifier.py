@@ -112,14 +112,16 @@ def canonical(target_probs, draft_probs, draft_tokens, *, generator):
 _ANY = "any p != q"
 # Measured on pos151936_lm_padding_leak_k2 (docs/bugs.md, "Large vocabularies"; tests/test_mutants_vocab.py;
 # benchmarks/bench_mutant_detection.py, whose runs are in benchmarks/results/mutant_detection.jsonl).
-_NOT_KILLED = "the smoke battery with rows doubled (seed 0, alpha 1e-3) did not kill it within 98,304 emitted tokens"
-FP32_CDF_TOKENS = 98_304
+FP32_NOT_KILLED_WITHIN = 98_304  # emitted tokens: 32,768 rows of 3 tokens, 64x the smoke tier's 512 rows
+_NOT_KILLED = (
+    f"the smoke battery with rows doubled (seed 0, alpha 1e-3) did not kill it within {FP32_NOT_KILLED_WITHIN:,} "
+    "emitted tokens"
+)
 FP32_CDF_EFFECT = (
     "exact law of the draw on the witness's bonus row: TV 7.3e-04 (tail tokens absorbed into their neighbours; "
     "its float32 sum overshoots 1, so nothing overflows to the last id); its residual rows hold no deep tail "
     "(TV < 1e-6); " + _NOT_KILLED
 )
-FP32_EXP_TOKENS = 98_304
 FP32_EXP_EFFECT = (
     "on the witness's bonus row the tokens below 2^-24 hold 1.8e-03 of the mass (none is below 0.77 x 2^-24), "
     "and the floored race moves TV 1.7e-03 from tokens near the floor to the head (the first-order loss, checked "
@@ -221,11 +223,11 @@ ENTRIES: tuple[CatalogueEntry, ...] = (
             "normalised row, u not scaled: tail tokens below half a float32 spacing are absorbed or rounded up, and "
             "a sum that stops short of 1 overflows to the last id",
             "SGLang PR #22643, TensorRT-LLM #19485, Megatron-LM PR #7182", "a long tail over a real vocabulary",
-            draw=S.draw_fp32_running_cdf, tokens_to_detect=FP32_CDF_TOKENS, effect=FP32_CDF_EFFECT),
+            draw=S.draw_fp32_running_cdf, tokens_to_detect=FP32_NOT_KILLED_WITHIN, effect=FP32_CDF_EFFECT),
     _mutant("residual_fp32_exponential", "residual/bonus drawn by the exponential race argmax(w / E) in float32 "
             "with Exp(1) noise floored at 2^-24: tokens below ~2^-24 of the row's largest weight can no longer win",
             "vLLM PR #43150, vLLM PR #51367", "a long tail over a real vocabulary",
-            draw=S.draw_fp32_exponential_race, tokens_to_detect=FP32_EXP_TOKENS, effect=FP32_EXP_EFFECT),
+            draw=S.draw_fp32_exponential_race, tokens_to_detect=FP32_NOT_KILLED_WITHIN, effect=FP32_EXP_EFFECT),
     # ---- equivalent (correct) variants
     _M("canonical", "equivalent", canonical, "the reference rule: accept iff u q(x) < p(x), residual (p - q)+, "
        "bonus p_{K+1}", "reference.rules.verify"),

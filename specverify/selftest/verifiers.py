@@ -122,7 +122,7 @@ def _expected(entry, samples_run: int) -> str:
     (a mutant whose measured effect needs more tokens than the run has: reported, not scored)."""
     if entry.kind != "verifier":
         return "pass"
-    needed = getattr(entry, "tokens_to_detect", 0)
+    needed = entry.tokens_to_detect
     return BELOW_TIER if needed and samples_run <= needed else "fail"
 
 
@@ -166,8 +166,8 @@ def run_verifier_entry(
         "ok": {"fail": killed, "pass": not killed}.get(expected, True),
         "scenarios": [s.name for s in chosen],
         "samples_run": samples_run,
-        "tokens_to_detect": getattr(entry, "tokens_to_detect", 0),
-        "effect": getattr(entry, "effect", ""),
+        "tokens_to_detect": entry.tokens_to_detect,
+        "effect": entry.effect,
         "killing_test": kill,
         "closest_test": None if killed else best_result(report.results),
         "errors": list(report.errors),
