@@ -254,8 +254,10 @@ class SpeculativeDecoder(ChunkedGenerate):
         return tokens, probs
 
     def _draft_probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """The drafter's processed law from its logits: (B, V) -> (B, V) float64 (in blocks, as the target's)."""
-        return logits_to_probs_by_rows(logits, self.sampling, rows=max(1, CHUNK_ROW_ENTRIES // self.vocab_size))
+        """The drafter's processed law from its logits: (B, V) -> (B, V) float64 (in blocks, as the target's),
+        written over float64 logits (which the caller no longer needs)."""
+        rows = max(1, CHUNK_ROW_ENTRIES // self.vocab_size)
+        return logits_to_probs_by_rows(logits, self.sampling, rows=rows, overwrite=True)
 
     def _draft_token(self, logits: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample one draft token per row; return it (B,) and the law it was drawn from (B, V)."""

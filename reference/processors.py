@@ -9,6 +9,9 @@ this order (the order of Hugging Face ``generate`` and vLLM):
    and the other processors are then irrelevant;
 2. top-k: keep the tokens whose probability is >= the k-th largest (ties at
    the boundary are all kept, so the result does not depend on sort order);
+   computed from the k+1 largest logits of each row (a softmax over k values,
+   scattered into zeros), the full-vocabulary softmax only for rows with a
+   near-tie at the boundary;
 3. top-p: keep the smallest prefix of the tokens sorted by decreasing
    probability whose mass reaches ``p`` (the token that crosses ``p`` is kept);
 4. min-p: keep the tokens with probability >= ``min_p * max(probs)``;
@@ -143,12 +146,57 @@ def min_p_probs(probs: torch.Tensor, min_p: float) -> torch.Tensor:
     return _renormalise(probs.masked_fill(probs < threshold, 0.0))
 
 
+#: A row takes the fast top-k law only when its k-th largest tempered logit exceeds the
+#: (k+1)-th by more than this much (relative): exp then cannot round the two to one
+#: probability, so the kept set is exactly the dense path's (ties at the boundary all kept).
+TOP_K_GAP = 1e-9
+
+
+def _top_k_law(
+    logits: torch.Tensor, temperature: float, k: int, dtype: torch.dtype, out: torch.Tensor | None = None
+) -> torch.Tensor | None:
+    """Temperature then top-k, from the k+1 largest logits of each row; None when k >= V.
+
+    ``softmax(logits / T)`` masked to its top k and renormalised equals the softmax of the k
+    largest tempered logits scattered into a row of zeros: one topk pass and one zeroed row
+    instead of a full-vocabulary exp, mask and renormalisation (the same law; the bits differ
+    by an ulp).  A row whose k-th and (k+1)-th logits are tied, closer than
+    :data:`TOP_K_GAP`, or not finite takes the dense path (:func:`temperature_probs`, then
+    :func:`top_k_probs`), row by row, so that a row's bits never depend on its batch.
+    ``out`` (the shape of ``logits``, ``dtype``; it may be ``logits`` itself) receives the law:
+    no fresh full-vocabulary tensor (at V = 151,936 a fresh one costs page faults per call).
+    """
+    V = logits.shape[-1]
+    if k >= V:
+        return None
+    vals, idx = logits.topk(k + 1, dim=-1)  # (..., k+1), decreasing
+    tempered = vals.to(dtype) / temperature  # (..., k+1)
+    kth, next_ = tempered[..., k - 1], tempered[..., k]  # (...,)
+    fast = ((kth - next_) > TOP_K_GAP * torch.clamp(kth.abs(), min=1.0)) & torch.isfinite(kth)  # (...,) False on nan
+    top = torch.softmax(tempered[..., :k], dim=-1)  # (..., k)
+    dense = None if bool(fast.all()) else ~fast  # (...,)
+    dense_rows = None if dense is None else top_k_probs(temperature_probs(logits[dense], temperature, dtype=dtype), k)
+    if out is None:
+        out = torch.zeros(logits.shape, dtype=dtype, device=logits.device)  # (..., V)
+    else:
+        out.zero_()  # after the reads of logits above: out may be logits
+    out.scatter_(-1, idx[..., :k], top)
+    if dense_rows is not None:
+        out[dense] = dense_rows  # (n, V)
+    return out
+
+
 def logits_to_probs(
-    logits: torch.Tensor, config: SamplingConfig, *, dtype: torch.dtype = torch.float64
+    logits: torch.Tensor,
+    config: SamplingConfig,
+    *,
+    dtype: torch.dtype = torch.float64,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Apply the whole processor pipeline of ``config`` to ``logits`` (shape (..., V)).
 
-    Returns normalised probability rows in ``dtype`` (float64 or float32), same shape.
+    Returns normalised probability rows in ``dtype`` (float64 or float32), same shape: ``out``
+    when given (a tensor of that shape and dtype, possibly ``logits`` itself), written in place.
     """
     if not isinstance(config, SamplingConfig):
         raise InvalidArgument(f"config must be a SamplingConfig, got {config!r}")
@@ -156,16 +204,23 @@ def logits_to_probs(
         raise InvalidArgument(f"logits must be a floating torch.Tensor, got {getattr(logits, 'dtype', type(logits))}")
     if dtype not in (torch.float32, torch.float64):
         raise InvalidArgument(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+    if out is not None and (out.shape != logits.shape or out.dtype != dtype):
+        raise InvalidArgument(
+            f"out must have shape {tuple(logits.shape)} and dtype {dtype}, got {tuple(out.shape)} {out.dtype}"
+        )
     if config.greedy:
-        return greedy_probs(logits, dtype=dtype)
-    probs = temperature_probs(logits, config.temperature, dtype=dtype)
-    if config.top_k is not None:
-        probs = top_k_probs(probs, config.top_k)
-    if config.top_p is not None:
-        probs = top_p_probs(probs, config.top_p)
-    if config.min_p is not None:
-        probs = min_p_probs(probs, config.min_p)
-    return probs
+        probs = greedy_probs(logits, dtype=dtype)
+    else:
+        top_k = None if config.top_k is None else _top_k_law(logits, config.temperature, config.top_k, dtype, out=out)
+        # no top-k, or k >= V (top-k then keeps every token): the tempered softmax
+        probs = temperature_probs(logits, config.temperature, dtype=dtype) if top_k is None else top_k
+        if config.top_p is not None:
+            probs = top_p_probs(probs, config.top_p)
+        if config.min_p is not None:
+            probs = min_p_probs(probs, config.min_p)
+    if out is None or probs is out:
+        return probs
+    return out.copy_(probs)
 
 
 def logits_to_probs_by_rows(
@@ -188,5 +243,5 @@ def logits_to_probs_by_rows(
     in_place = overwrite and logits.dtype == torch.float64 and logits.is_contiguous()
     out = flat if in_place else torch.empty(flat.shape, dtype=torch.float64, device=logits.device)  # (R, V)
     for start in range(0, flat.shape[0], rows):
-        out[start : start + rows] = logits_to_probs(flat[start : start + rows], config)
+        logits_to_probs(flat[start : start + rows], config, out=out[start : start + rows])
     return out.reshape(logits.shape)

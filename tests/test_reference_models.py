@@ -202,6 +202,55 @@ def test_top_k_hand_examples():
     assert torch.equal(top_k_probs(probs, 4), probs)
 
 
+def _dense_top_k(logits, temperature, k):
+    """The definition: the full-vocabulary softmax, masked to the top k probabilities, renormalised."""
+    return top_k_probs(temperature_probs(logits, temperature), k)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    V=st.integers(2, 300),
+    k=st.integers(1, 40),
+    temperature=st.sampled_from([0.3, 1.0, 1.7]),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+)
+def test_top_k_from_the_largest_logits_is_the_dense_law(seed, V, k, temperature, dtype):
+    """The fast top-k (softmax of the k largest logits, scattered) keeps the same tokens as the
+    dense definition and gives the same law to float64 rounding."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(7, V, generator=gen, dtype=torch.float64) * 4).to(dtype)  # (B, V)
+    cfg = SamplingConfig(temperature=temperature, top_k=k)
+    fast, dense = logits_to_probs(logits, cfg), _dense_top_k(logits, temperature, k)
+    assert torch.equal(fast > 0, dense > 0)
+    torch.testing.assert_close(fast, dense, rtol=1e-13, atol=1e-300)
+
+
+def test_top_k_near_ties_and_infinite_logits_take_the_dense_path_row_by_row():
+    """Rows tied at the k-th logit (or with fewer than k finite logits) get the dense law to the
+    bit, with every tied token kept; the other rows of the batch still take the fast path, and
+    each row's bits are those it gets alone (batch invariance)."""
+    inf = float("inf")
+    logits = torch.tensor(
+        [
+            [2.0, 1.0, 1.0, 0.0, -1.0],  # tie at k = 2: both 1.0 kept
+            [2.0, 1.0, 1.0 - 1e-12, 0.0, -1.0],  # closer than TOP_K_GAP: dense
+            [3.0, 1.0, 0.5, 0.0, -1.0],  # fast
+            [0.0, -inf, -inf, -inf, -inf],  # one finite logit, k = 2: dense
+        ],
+        dtype=torch.float64,
+    )
+    cfg = SamplingConfig(top_k=2)
+    batch = logits_to_probs(logits, cfg)
+    for i in (0, 1, 3):
+        assert torch.equal(batch[i], _dense_top_k(logits[i : i + 1], 1.0, 2)[0])
+    assert (batch[0] > 0).tolist() == [True, True, True, False, False]
+    assert batch[3].tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
+    torch.testing.assert_close(batch[2], _dense_top_k(logits[2:3], 1.0, 2)[0], rtol=1e-15, atol=0.0)
+    for i in range(4):
+        assert torch.equal(logits_to_probs(logits[i : i + 1], cfg)[0], batch[i])
+
+
 def test_top_p_hand_examples():
     probs = torch.tensor([[0.15, 0.5, 0.05, 0.3]], dtype=torch.float64)
     # Sorted: 0.5, 0.3, 0.15, 0.05; mass before: 0, 0.5, 0.8, 0.95.

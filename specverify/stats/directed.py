@@ -30,7 +30,7 @@ from specverify.core.errors import InvalidArgument
 from specverify.core.results import TestResult
 from specverify.core.validation import check_generator
 
-from ._common import as_float_array, as_probs, check_alpha, result_options
+from ._common import as_float_array, as_probs, check_alpha, packed_support, result_options
 
 __all__ = ["randomised_pit", "pit_test", "entropy_scores", "ratio_scores", "score_test", "acceptance_test"]
 
@@ -95,19 +95,25 @@ def randomised_pit(probs, tokens, *, generator: torch.Generator, order: str = "p
     step = max(1, _CHUNK // max(V, 1))
     with np.errstate(divide="ignore", invalid="ignore"):
         for s in range(0, N, step):
-            p = target[s : s + step]  # (n, V)
+            dense = target[s : s + step]  # (n, V)
             x = tok[s : s + step]
-            rows = np.arange(p.shape[0])
+            rows = np.arange(dense.shape[0])
+            px = dense[rows, x]  # (n,)
+            # F(x-) sums p over tokens before x: only the support carries mass, so packed rows
+            # (values 0 on padding) give the same terms as the whole vocabulary.
+            packed = packed_support(dense)
+            p, at = packed if packed is not None else (dense, np.broadcast_to(ids, dense.shape))  # (n, m)
             if order == "p":
-                key = -p  # ascending key = descending p
+                key, kx = -p, -px  # ascending key = descending p
             else:
                 q = draft[s : s + step]
+                q_at = q if packed is None else q[rows[:, None], np.minimum(at, V - 1)]  # (n, m)
                 # q/p by one correctly rounded division (not log q - log p, whose last bits
                 # depend on the CPU's vector code): the order is the same on every machine
-                key = np.where(p > 0, q / np.where(p > 0, p, 1.0), np.inf)  # 0 where q = 0, +inf where p = 0
-            kx = key[rows, x][:, None]  # (n, 1)
-            before = (key < kx) | ((key == kx) & (ids[None, :] < x[:, None]))  # (n, V)
-            px = p[rows, x]
+                key = np.where(p > 0, q_at / np.where(p > 0, p, 1.0), np.inf)  # 0 where q = 0, +inf where p = 0
+                kx = np.where(px > 0, q[rows, x] / np.where(px > 0, px, 1.0), np.inf)  # (n,)
+            kx = kx[:, None]  # (n, 1)
+            before = (key < kx) | ((key == kx) & (at < x[:, None]))  # (n, m)
             out[s : s + step] = np.minimum((p * before).sum(axis=1) + u[s : s + step] * px, 1.0)
     return out
 
@@ -207,12 +213,14 @@ def entropy_scores(probs, tokens):
     bound = 0.0
     step = max(1, _CHUNK // max(p_all.shape[1], 1))
     for s in range(0, x_all.size, step):
-        p, x = p_all[s : s + step], x_all[s : s + step]  # (n, V), (n,)
+        dense, x = p_all[s : s + step], x_all[s : s + step]  # (n, V), (n,)
+        px = dense[np.arange(x.size), x]  # (n,)
+        packed = packed_support(dense)
+        p = dense if packed is None else packed[0]  # (n, V) or (n, m): the support carries every term
         logp = np.log(np.where(p > 0, p, 1.0))  # 0 where p = 0
         ent = -(p * logp).sum(axis=1)
         second = (p * logp * logp).sum(axis=1)
-        px = p[np.arange(x.size), x]
-        scores[s : s + step] = np.where(px > 0, logp[np.arange(x.size), x], -np.inf) + ent
+        scores[s : s + step] = np.where(px > 0, np.log(np.where(px > 0, px, 1.0)), -np.inf) + ent
         variances[s : s + step] = np.maximum(second - ent * ent, 0.0)
         if x.size:
             bound = max(bound, float(np.abs(np.where(p > 0, logp + ent[:, None], 0.0)).max()))

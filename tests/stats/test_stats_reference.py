@@ -209,6 +209,60 @@ def test_scores_by_hand():
     assert r.statistic == pytest.approx(2.5 / 2) and r.pvalue == pytest.approx(2 * sps.norm.sf(1.25))
 
 
+def test_packed_support_by_hand():
+    from specverify.stats._common import packed_support
+
+    laws = np.array([[0.0, 0.5, 0.0, 0.0, 0.5, 0, 0, 0, 0], [0.2, 0, 0, 0, 0, 0, 0, 0, 0.8]])
+    values, ids = packed_support(laws)
+    assert values.tolist() == [[0.5, 0.5], [0.2, 0.8]] and ids.tolist() == [[1, 4], [0, 8]]
+    ragged = np.array([[0.0, 1.0] + [0.0] * 10, [0.25, 0.25, 0.5] + [0.0] * 9])  # (2, 12)
+    values, ids = packed_support(ragged)
+    assert values.tolist() == [[1.0, 0.0, 0.0], [0.25, 0.25, 0.5]] and ids.tolist() == [[1, 12, 12], [0, 1, 2]]
+    assert packed_support(np.full((2, 4), 0.25)) is None  # support wider than PACK_SHARE x V: dense
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), V=st.integers(8, 400), support=st.integers(1, 12))
+def test_scores_and_pit_on_packed_support_equal_the_dense_computation(seed, V, support):
+    """Laws supported on a few tokens (top-k, padded heads) are scored over their packed support;
+    the scores, variances, bound and PIT values (both orders) are the whole vocabulary's, to
+    float64 rounding.  The dense computation is forced by a packing share of 0."""
+    from specverify.stats import _common
+
+    rng = np.random.default_rng(seed)
+    n = 9
+    laws = np.zeros((n, V))
+    for i in range(n):
+        ids = rng.choice(V, size=min(support, V), replace=False)
+        laws[i, ids] = rng.dirichlet(np.ones(ids.size))
+    draft = rng.dirichlet(np.ones(V), size=n)
+    draft[:, :3] = 0.0  # tokens the drafter never proposes: q/p keys of 0
+    tokens = np.array([rng.choice(V, p=row) for row in laws])
+    tokens[0] = int(np.flatnonzero(laws[0] == 0)[0]) if (laws[0] == 0).any() else tokens[0]  # a p = 0 token
+
+    def run():
+        return (
+            stats.entropy_scores(laws, tokens),
+            stats.randomised_pit(laws, tokens, generator=torch.Generator().manual_seed(seed % 1000)),
+            stats.randomised_pit(
+                laws, tokens, generator=torch.Generator().manual_seed(seed % 1000), order="ratio", draft_probs=draft
+            ),
+        )
+
+    (s, v, b), pit_p, pit_r = run()
+    saved = _common.PACK_SHARE
+    try:
+        _common.PACK_SHARE = 0.0
+        (s0, v0, b0), pit_p0, pit_r0 = run()
+    finally:
+        _common.PACK_SHARE = saved
+    np.testing.assert_allclose(s, s0, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(v, v0, rtol=1e-12, atol=1e-12)
+    assert b == pytest.approx(b0, rel=1e-12, abs=1e-12)
+    np.testing.assert_allclose(pit_p, pit_p0, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(pit_r, pit_r0, rtol=0, atol=1e-12)
+
+
 def test_score_bounds_by_hand():
     p = np.array([[0.5, 0.25, 0.25, 0.0]])
     H = 1.5 * math.log(2)
