@@ -211,9 +211,9 @@ def logits_to_probs(
     if config.greedy:
         probs = greedy_probs(logits, dtype=dtype)
     else:
-        top_k = None if config.top_k is None else _top_k_law(logits, config.temperature, config.top_k, dtype, out=out)
+        law = None if config.top_k is None else _top_k_law(logits, config.temperature, config.top_k, dtype, out=out)
         # no top-k, or k >= V (top-k then keeps every token): the tempered softmax
-        probs = temperature_probs(logits, config.temperature, dtype=dtype) if top_k is None else top_k
+        probs = temperature_probs(logits, config.temperature, dtype=dtype) if law is None else law
         if config.top_p is not None:
             probs = top_p_probs(probs, config.top_p)
         if config.min_p is not None:

@@ -249,6 +249,8 @@ def test_top_k_near_ties_and_infinite_logits_take_the_dense_path_row_by_row():
     torch.testing.assert_close(batch[2], _dense_top_k(logits[2:3], 1.0, 2)[0], rtol=1e-15, atol=0.0)
     for i in range(4):
         assert torch.equal(logits_to_probs(logits[i : i + 1], cfg)[0], batch[i])
+    over = logits.clone()  # written over the logits, in blocks: the dense rows are read before the zeroing
+    assert torch.equal(logits_to_probs_by_rows(over, cfg, rows=3, overwrite=True), batch)
 
 
 def test_top_p_hand_examples():
