@@ -144,7 +144,7 @@ import json, sys, torch, numpy as np
 from specverify.cli.factories import reference_decoder, reference_target
 from specverify.decoder.protocol import make_prompts
 decoder = reference_decoder(temperature=0.8, top_k=20, dtype=DTYPE)
-tokens = [decoder.generate(p, num_samples=2000, max_new_tokens=8, seed=7) for p in make_prompts(2, 64, seed=0)]
+tokens = [decoder.generate(p, num_samples=500, max_new_tokens=8, seed=7) for p in make_prompts(2, 64, seed=0)]
 target = reference_target(temperature=0.8, top_k=20, dtype=DTYPE)
 prefixes = torch.randint(64, (128, 10), generator=torch.Generator().manual_seed(1))
 laws = torch.stack([target.next_token_probs(prefixes[:, :n]).double() for n in range(1, 11)])

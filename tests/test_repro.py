@@ -2,7 +2,8 @@
 
 * Each committed example report (``reports/**/report.json``) is rerun from its recorded
   command (or Python snippet) and must give the same verdict and, test by test, the same
-  statistic and p-value.  The basic examples take seconds each and run in CI; the Hugging
+  statistic and p-value (``reference-verifier``: against the recorded run that
+  ``test_devices`` reruns, :data:`RECORDED_RUN_REPORT`).  The basic examples take seconds each and run in CI; the Hugging
   Face ones take minutes and are marked ``slow``.
 * Every report the CLI writes carries a command that the CLI's own parser reads back to the
   same run (generic: verifier, decoder and drafter audits with options, filters and sizes).
@@ -103,6 +104,9 @@ def test_committed_report_reruns_from_its_recorded_command(path):
     if " --endpoint " in recorded.command:  # the audit of a server: its generator starts the server and reruns it
         pytest.skip("an endpoint audit reruns with its server: python -m tools.reports.vllm_served")
     if folder not in ENGINES:
+        if folder == RECORDED_RUN_REPORT:  # its run is rerun against the recording: compare with that
+            _same_as_the_recorded_run(recorded)
+            return
         _same_statistics(recorded, _rerun(recorded.command))
         return
     pytest.importorskip(ENGINES[folder])
@@ -111,6 +115,24 @@ def test_committed_report_reruns_from_its_recorded_command(path):
         _same_verdict_of_a_nondeterministic_engine(recorded, again)
         return
     _same_statistics(recorded, again)
+
+
+#: The committed report of the run that ``tests/data/reference_smoke_seed0.json`` records.  That run
+#: (check_verifier on the canonical rule, smoke tier, seed 0) is rerun by
+#: ``test_devices.test_cpu_is_bit_identical_to_the_recorded_run`` and, on the AVX2 and scalar CPU
+#: paths, by ``python tests/cpu_paths.py --check`` in CI, each against the recording; this report is
+#: checked against the same recording, so each run of the battery is made once, not twice.
+RECORDED_RUN_REPORT = "reference-verifier"
+
+
+def _same_as_the_recorded_run(report: Report) -> None:
+    recording = json.loads((Path(__file__).parent / "data" / "reference_smoke_seed0.json").read_text())
+    assert report.command == (
+        f"specverify audit --verifier {recording['verifier']} --tier {recording['tier']} "
+        f"--seed {recording['seed']} --alpha 0.001"
+    ), report.command
+    assert report.passed
+    assert_same_statistics(recording["results"], report.results)
 
 
 def _same_verdict_of_a_nondeterministic_engine(recorded: Report, again: Report) -> None:

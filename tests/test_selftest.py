@@ -30,7 +30,7 @@ from specverify.core.errors import InvalidArgument
 from specverify.mutants import CatalogueEntry
 from specverify.selftest.calibration import clopper_pearson
 from specverify.selftest.entry_scenarios import MUTANT_SCENARIOS, equivalent_scenarios, mutant_scenarios
-from specverify.selftest.lr_limit import bernoulli_lr_samples_needed, lr_samples_needed
+from specverify.selftest.lr_limit import MC_MAX_ENTRIES, bernoulli_lr_samples_needed, lr_samples_needed, mc_rows
 from specverify.selftest.render import MATRIX_COLUMNS, render_markdown, render_text
 from specverify.selftest.verifiers import scaled_scenario
 from specverify.verifier.scenarios import get_scenarios
@@ -310,6 +310,18 @@ def test_lr_limit_stratified_and_support():
     assert lim.support_mass == pytest.approx(0.05)
     assert lim.n_support == pytest.approx(math.log(0.1) / math.log(0.95))
     assert lim.n <= lim.n_support
+
+
+def test_lr_monte_carlo_rows_fit_the_law_entry_cap():
+    # toy vocabularies keep every row asked for; a real one is cut to whole batches within the cap
+    assert mc_rows(1 << 16, length=8, vocab_size=1000, batch_size=64) == 1 << 16
+    cut = mc_rows(1 << 16, length=3, vocab_size=151936, batch_size=32)
+    assert cut % 32 == 0 and cut * 3 * 151936 <= MC_MAX_ENTRIES < (cut + 32) * 3 * 151936
+    # never below one batch, never above the request
+    assert mc_rows(1 << 16, length=64, vocab_size=1 << 30, batch_size=32) == 32
+    assert mc_rows(8, length=64, vocab_size=1 << 30, batch_size=32) == 8
+    with pytest.raises(InvalidArgument, match="vocab_size"):
+        mc_rows(8, length=3, vocab_size=0, batch_size=32)
 
 
 @pytest.mark.parametrize(

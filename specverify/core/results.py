@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "detectable_masses",
     "ERROR",
     "ErrorGroup",
     "FAIL",
@@ -438,6 +439,9 @@ class Report:
                 f"  detectable binned TV at power 0.9: median {tvs[len(tvs) // 2]:.3g}, best {tvs[0]:.3g}, "
                 f"worst {tvs[-1]:.3g} over {len(tvs)} tests ({n:,} tokens in goodness-of-fit strata)"
             )
+        masses = detectable_masses(self.results)
+        if masses:
+            lines.append("  detectable mass shifts at power 0.9: " + "; ".join(masses))
         shared = sorted(
             v
             for v in (r.details.get("mde_shared_fraction") for r in tests)
@@ -449,6 +453,34 @@ class Report:
                 f"(median of {len(shared)} pair tests; best {shared[0]:.2%})"
             )
         return "\n".join(lines)
+
+
+def detectable_masses(results: Sequence[TestResult]) -> list[str]:
+    """Phrases for the mass shifts the run could detect at power 0.9, one per kind of set.
+
+    Set-mass tests (``details["set"]``, :func:`specverify.stats.set_mass_test`): the smallest and
+    largest detectable shift of each set's mass; support tests: the mass on ids of probability 0
+    seen with probability 0.9 (median over the tests).
+    """
+    by_set: dict[str, list[float]] = {}
+    zero: list[float] = []
+    for r in results:
+        d = r.details if isinstance(r.details, Mapping) else {}
+        m = _number(d.get("mde_mass"))
+        if m is None or not math.isfinite(m):
+            continue
+        if r.family == "support":
+            zero.append(m)
+        elif isinstance(d.get("set"), str):
+            by_set.setdefault(d["set"], []).append(m)
+    out = []
+    for label, values in by_set.items():
+        span = f"{min(values):.3g}" if len(values) == 1 else f"{min(values):.3g}-{max(values):.3g}"
+        out.append(f"{span} of the mass in {label} ({len(values)} test{'s' if len(values) > 1 else ''})")
+    if zero:
+        zero.sort()
+        out.append(f"{zero[len(zero) // 2]:.3g} on ids of probability 0 (median of {len(zero)} support tests)")
+    return out
 
 
 def is_error_record(result: TestResult) -> bool:

@@ -25,6 +25,7 @@ from specverify.core.results import (
     SUSPICIOUS,
     Report,
     TestResult,
+    detectable_masses,
     effect_size,
     error_groups,
     is_error_record,
@@ -285,6 +286,9 @@ def detectability_sentence(report: Report) -> str:
             f", as could reshuffling of probability among tokens pooled in one bin (up to "
             f"{fmt(d.max_multi_token_mass)} of the mass in one test)"
         )
+    masses = detectable_masses(report.results)
+    if masses:
+        text += ". Shifts of mass it would have caught: " + "; ".join(masses)
     shared = sorted(v for v in (finite(r.details.get("mde_shared_fraction")) for r in report.results) if v is not None)
     if shared:
         text += (

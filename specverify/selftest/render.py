@@ -211,6 +211,12 @@ def _frac(value) -> str:
     return "" if value is None else f"{value:.3f}"
 
 
+def _cut(lr: dict) -> str:
+    """`` (R of A rows: vocabulary cap)`` where the Monte Carlo rows were cut to the law-entry budget."""
+    rows, asked = lr.get("mc_rows"), lr.get("mc_rows_asked")
+    return f" ({_n(rows)} of {_n(asked)} rows: law-entry cap)" if rows and asked and rows < asked else ""
+
+
 def _g(value) -> str:
     return "" if value is None else f"{value:.3g}"
 
@@ -337,7 +343,7 @@ def render_markdown(result, *, command: str = "") -> str:
                 f"| `{r['name']}` | {_md(lr.get('stratum', lr.get('note', '')))} | "
                 f"{_g(sig)} | {_g(lr.get('support_mass')) if lr.get('support_mass') else ''} | "
                 f"{_n(lr.get('n_lr'))} | {_frac(lr.get('fraction'))} | "
-                f"{_n(lr.get('n_lr_tokens'))} | {_n(lr.get('mc_tokens')) or '-'} tokens"
+                f"{_n(lr.get('n_lr_tokens'))} | {_n(lr.get('mc_tokens')) or '-'} tokens{_cut(lr)}"
                 f"{', limited' if lr.get('mc_limited') else ''} |"
             )
     if result.calibration:

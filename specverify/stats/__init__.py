@@ -3,7 +3,7 @@ acceptance and independence tests, power statements, the run's error budget and
 anytime-valid e-processes.  Every test returns a :class:`specverify.core.results.TestResult`.
 
 Modules: :mod:`.binning` (bins fixed from p and N), :mod:`.gof` (Cressie-Read GOF,
-support), :mod:`.sparse` (the most extreme token; ``gof_pair`` runs both), :mod:`.twosample`, :mod:`.mmd` (the MMD peer, Hamming kernel), :mod:`.directed` (PIT, scores, acceptance),
+support), :mod:`.sparse` (the most extreme token; ``gof_pair`` runs both), :mod:`.twosample`, :mod:`.mmd` (the MMD peer, Hamming kernel), :mod:`.directed` (PIT, scores), :mod:`.counts` (acceptance, mass of a set chosen from the laws),
 :mod:`.independence` (collisions), :mod:`.dependence` (pairs of rows against the product of their laws), :mod:`.power` (detectable TV), :mod:`.budget`
 (weighted Holm, grades), :mod:`.eprocess`.  See docs/design.md.
 """
@@ -11,8 +11,9 @@ support), :mod:`.sparse` (the most extreme token; ``gof_pair`` runs both), :mod:
 from ._common import cressie_read
 from .binning import Bins, bin_counts, make_bins, p_order
 from .budget import DEFAULT_FAMILY_WEIGHTS, UNKNOWN_FAMILY_WEIGHT, grade, grade_run, holm_adjust, run_verdict, verdict
+from .counts import acceptance_test, set_mass_test
 from .dependence import PAIR_LAGS, call_pairs, mid_distribution, midrank_pair_test, pair_dependence_test, pair_scores
-from .directed import acceptance_test, entropy_scores, pit_test, randomised_pit, ratio_scores, score_test
+from .directed import entropy_scores, pit_test, randomised_pit, ratio_scores, score_test
 from .eprocess import DEFAULT_LOG10_C, CategoricalEProcess, sequential_gof
 from .gof import gof_test, support_test
 from .independence import collision_moments, collision_test
@@ -39,6 +40,7 @@ __all__ = [
     "ratio_scores",
     "score_test",
     "acceptance_test",
+    "set_mass_test",
     "collision_test",
     "collision_moments",
     "pair_dependence_test",

@@ -36,6 +36,7 @@ from specverify.core.errors import InvalidArgument
 from specverify.core.results import ERROR, FAIL, PASS, SUSPICIOUS, TestResult
 
 from ._common import check_alpha
+from .counts import MASS_KEY
 from .power import min_detectable_tv, z_shift
 from .sparse import point_mass_mde
 
@@ -207,6 +208,8 @@ def _grade_budget(results, index, alpha, family_weights, factor) -> list[TestRes
         details = _graded_details(r, share)
         if details is not None:
             changes["details"] = details
+            if details.get("mde_key") == MASS_KEY:  # a set-mass test: its mass shift is its two-bin TV
+                changes["mde_tv"] = details[MASS_KEY]
         graded.append(r.replace(**changes))
     return graded
 
@@ -217,7 +220,8 @@ def _graded_details(result: TestResult, share: float) -> dict | None:
     A sparse test's ``mde_point_mass`` (when it records ``mde_n``, ``mde_top_prob`` and
     ``mde_top_weight``: :func:`specverify.stats.sparse.sparse_test`); a z-test's effect named by
     ``mde_key``, ``mde_per_z`` times ``z_{1-share/2} + z_power``
-    (:func:`specverify.stats.dependence.pair_dependence_test`).
+    (:func:`specverify.stats.dependence.pair_dependence_test`,
+    :func:`specverify.stats.counts.set_mass_test`).
     """
     d = result.details
     if not isinstance(d, Mapping):

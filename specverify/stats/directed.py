@@ -7,24 +7,21 @@
 * Mean-zero scores ``log p(x) + H(p)`` and ``q(x)/p(x) - sum_{p>0} q``: a martingale
   difference sequence under H0 with exactly known conditional variances, tested with
   the martingale CLT z = sum s / sqrt(sum var).
-* Acceptance: the number of accepted drafts vs the exact Poisson-binomial law with
-  per-trial probabilities sum_x min(p, q).
+* Counts of events with exact per-trial probabilities (accepted drafts, tokens in a set chosen
+  from the laws) live in :mod:`specverify.stats.counts`.
 
 References: C. Czado, T. Gneiting, L. Held, "Predictive model assessment for count
 data", Biometrics 65 (2009) (randomised PIT); P. Hall and C. C. Heyde, *Martingale
-Limit Theory* (1980), thm 3.2; Y. Hong, "On computing the distribution function for
-the Poisson binomial distribution", CSDA 59 (2013) (refined normal approximation).
+Limit Theory* (1980), thm 3.2.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import torch
 from scipy import stats as _st
-from scipy.special import gammaln
 
 from specverify.core.errors import InvalidArgument
 from specverify.core.results import TestResult
@@ -32,7 +29,7 @@ from specverify.core.validation import check_generator
 
 from ._common import as_float_array, as_probs, check_alpha, packed_support, result_options
 
-__all__ = ["randomised_pit", "pit_test", "entropy_scores", "ratio_scores", "score_test", "acceptance_test"]
+__all__ = ["randomised_pit", "pit_test", "entropy_scores", "ratio_scores", "score_test"]
 
 _CHUNK = 1 << 22  # elements per (rows, V) block
 #: Largest share of a standard deviation of z one score may move before :func:`score_test` stops trusting the normal tail.
@@ -377,148 +374,3 @@ def score_test(
         )
         details.update(score_bound=float(bound), bernstein_pvalue=bernstein)
     return TestResult(statistic=z, pvalue=pvalue, method=method, family=family, n=n, details=details, **opts)
-
-
-def _poisson_binomial_pmf(probs: np.ndarray) -> tuple[int, np.ndarray]:
-    """(offset, pmf) of a Poisson-binomial, tails below 1e-30 trimmed as it is built."""
-    pmf = np.ones(1)
-    offset = 0
-    for p in probs:
-        nxt = np.empty(pmf.size + 1)
-        nxt[:-1] = pmf * (1.0 - p)
-        nxt[-1] = 0.0
-        nxt[1:] += pmf * p
-        lo = 0
-        while lo < nxt.size - 1 and nxt[lo] < 1e-30:
-            lo += 1
-        hi = nxt.size
-        while hi > lo + 1 and nxt[hi - 1] < 1e-30:
-            hi -= 1
-        pmf = nxt[lo:hi]
-        offset += lo
-    return offset, pmf
-
-
-def _binomial_minlike(k: int, n: int, p: float) -> float:
-    """Two-sided "minlike" p-value of k successes in n Binomial(n, p) trials, 0 < p < 1.
-
-    scipy's ``binomtest``; where it overflows (SciPy 1.17's boost ``ibeta_derivative`` does for
-    some p just above the smallest normal float64, e.g. 4.45e-308 with n = 95, but not for
-    1e-300 or the subnormal 1e-310), the same sum from the log-pmf of every outcome, with
-    binomtest's relative tolerance of 1e-7 for outcomes as likely as the observed one.
-    """
-    try:
-        return float(_st.binomtest(k, n, p).pvalue)
-    except OverflowError:
-        j = np.arange(n + 1)
-        log_pmf = gammaln(n + 1) - gammaln(j + 1) - gammaln(n - j + 1) + j * math.log(p) + (n - j) * math.log1p(-p)
-        pmf = np.exp(log_pmf)  # (n+1,)
-        return float(min(1.0, pmf[log_pmf <= log_pmf[k] + math.log1p(1e-7)].sum()))
-
-
-def acceptance_test(
-    num_accepted,
-    accept_probs,
-    *,
-    alpha: float = 1e-3,
-    power: float = 0.9,
-    name: str = "acceptance",
-    family: str = "acceptance",
-    scenario: str = "",
-    position: str = "",
-) -> TestResult:
-    """Observed number of accepted drafts vs the exact per-trial acceptance probabilities.
-
-    Parameters
-    ----------
-    num_accepted : int
-        Accepted drafts over all trials.
-    accept_probs : array (trials,)
-        Exact acceptance probability of each trial, ``sum_x min(p(x), q(x))``.
-
-    Returns
-    -------
-    TestResult
-        ``statistic`` the standardised deviation (k - mu) / sigma, ``pvalue`` two-sided.
-        ``details``: observed, expected, variance, the method used and
-        ``mde_rate`` (acceptance-rate shift detectable with probability ``power``).
-
-    Notes
-    -----
-    The count is Poisson-binomial (independent trials).  p-values: all probabilities
-    0 or 1: deterministic, any deviation is a certain failure (p = 0); all equal:
-    exact binomial (scipy ``binomtest``, two-sided "minlike"); at most 20000
-    non-degenerate trials or variance < 100: the exact Poisson-binomial pmf by
-    convolution, two-sided "minlike" (sum of the probabilities of outcomes no more
-    likely than the observed); otherwise Hong's refined normal approximation with
-    continuity and skewness correction (error O(1/variance)), doubled smaller tail.
-    """
-    opts = result_options(name, scenario, position)
-    alpha = check_alpha("alpha", alpha)
-    probs = as_float_array("accept_probs", accept_probs, ndim=1, nonneg=True)
-    if np.any(probs > 1 + 1e-9):
-        i = int(np.flatnonzero(probs > 1 + 1e-9)[0])
-        raise InvalidArgument(f"accept_probs[{i}] is {probs[i]} (must be in [0, 1])")
-    probs = np.clip(probs, 0.0, 1.0)
-    try:
-        k = int(num_accepted)
-        if k != float(num_accepted) or k < 0:
-            raise ValueError
-    except (TypeError, ValueError):
-        raise InvalidArgument(f"num_accepted must be a non-negative integer, got {num_accepted!r}") from None
-    m = int(probs.size)
-    if k > m:
-        raise InvalidArgument(f"num_accepted is {k}, more than the {m} trials in accept_probs")
-    mu = float(probs.sum())
-    var = float((probs * (1 - probs)).sum())
-    sd = math.sqrt(var)
-    z = (k - mu) / sd if sd > 0 else (0.0 if abs(k - mu) < 0.5 else math.copysign(math.inf, k - mu))
-    details: dict[str, Any] = {
-        "observed": k,
-        "expected": mu,
-        "variance": var,
-        "trials": m,
-        "observed_rate": k / m if m else math.nan,
-        "expected_rate": mu / m if m else math.nan,
-    }
-    sure = (probs == 0) | (probs == 1)
-    fixed = int(np.count_nonzero(probs == 1))
-    free = probs[~sure]
-    kk = k - fixed
-    if free.size == 0:
-        ok = kk == 0
-        pvalue, how = (1.0 if ok else 0.0), "deterministic (all probabilities 0 or 1): any deviation is certain failure"
-    elif kk < 0 or kk > free.size:
-        pvalue, how = 0.0, "impossible count given the trials with probability 0 or 1: certain failure"
-    elif np.all(free == free[0]):
-        pvalue = _binomial_minlike(kk, free.size, float(free[0]))
-        how = "exact binomial (equal probabilities), two-sided minlike"
-    elif free.size <= 20000 or var < 100:
-        offset, pmf = _poisson_binomial_pmf(free)
-        i = kk - offset
-        pk = pmf[i] if 0 <= i < pmf.size else 0.0
-        pvalue = float(min(1.0, pmf[pmf <= pk * (1 + 1e-7)].sum())) if pk > 0 else 0.0
-        how = "exact Poisson-binomial (convolution), two-sided minlike"
-    else:
-        gamma = float((free * (1 - free) * (1 - 2 * free)).sum()) / var**1.5
-
-        def cdf(x):  # refined normal approximation of P(X <= x)
-            t = (x + 0.5 - mu) / sd
-            return min(1.0, max(0.0, float(_st.norm.cdf(t) + gamma * (1 - t * t) * _st.norm.pdf(t) / 6)))
-
-        lower, upper = cdf(k), 1.0 - cdf(k - 1)
-        pvalue = min(1.0, 2.0 * min(lower, upper))
-        how = "refined normal approximation (Hong 2013) with continuity and skewness correction, doubled tail"
-    details["method"] = how
-    details["mde_rate"] = (
-        ((float(_st.norm.isf(alpha / 2)) + float(_st.norm.isf(1 - power))) * sd / m) if m else math.inf
-    )
-    return TestResult(
-        statistic=float(z),
-        pvalue=float(pvalue),
-        method=f"acceptance count vs Poisson-binomial of exact per-trial probabilities: {how}",
-        family=family,
-        n=m,
-        details=details,
-        **opts,
-    )

@@ -207,7 +207,9 @@ def support_test(
     TestResult
         ``pvalue`` 0.0 (a certain failure) if any token with probability 0 was observed,
         else 1.0; ``statistic`` the number of such observations; ``details["tokens"]``
-        the offending token ids (up to 100) and ``details["counts"]`` their counts.
+        the offending token ids (up to 100) and ``details["counts"]`` their counts;
+        ``details["mde_mass"]`` the mass on ids of probability 0 (padding ids, truncated
+        tokens) seen at least once with probability 0.9, ``1 - 0.1^(1/N)`` (any alpha).
 
     Notes
     -----
@@ -225,6 +227,8 @@ def support_test(
         "counts": counts[bad[:100]].tolist(),
         "num_tokens": int(bad.size),
         "zero_prob_tokens": int(np.count_nonzero(weights <= 0)),
+        # mass m on ids of probability 0 shows in n tokens unless all miss it: (1 - m)^n <= 0.1
+        "mde_mass": float(-math.expm1(math.log(0.1) / n)) if n else math.inf,
     }
     method = "support: observed tokens with probability exactly 0 (exact; any is a certain failure)"
     return TestResult(

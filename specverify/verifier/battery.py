@@ -11,7 +11,9 @@ under test on exact table models; :func:`analyse_run` turns the run into tests:
   enough expected visits (the first ``m`` visits in (position, row) order, ``m``
   fixed from expected visits only, are i.i.d. from the node's row);
 * ``directed`` -- randomised PIT ordered by p and by q/p, entropy and ratio
-  scores (mean 0 under H0), on a capped prefix of rows;
+  scores (mean 0 under H0), on a capped prefix of rows; at vocabularies of 8,192 ids or more,
+  every token's count in the tail beyond its law's top 1,024 ids and every drafted token's count
+  outside the draft law's support, against their exact masses (:mod:`.mass_sets`);
 * ``acceptance`` per in-block position -- accepted drafts vs the exact per-trial
   probabilities sum_x min(p, q): rule conformance (is the rule the declared one?), graded
   under its own budget and out of the verdict unless ``gate_conformance=True``
@@ -57,6 +59,7 @@ from specverify.core.validation import check_alpha, check_bool, check_int, check
 from specverify.shard.collect import Parallel, collect_runs
 from specverify.shard.work import Job
 from specverify.verifier.harness import HarnessRun, run_harness
+from specverify.verifier.mass_sets import mass_set_results
 from specverify.verifier.pairs import declared_block_size, dependence_results
 from specverify.verifier.runs import ChainRunner, run_battery
 from specverify.verifier.scenarios import TIERS, Scenario, get_scenarios
@@ -142,6 +145,7 @@ def analyse_run(
             results += [res.replace(details={**res.details, **node}) for res in pair]
 
     results += _directed(run, target, drafter, common=common, seed=seed)
+    results += mass_set_results(run, target, drafter, common=common)
 
     # acceptance per in-block position
     tp = run.trial_positions.numpy()

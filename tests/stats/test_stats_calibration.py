@@ -125,6 +125,14 @@ def test_acceptance_calibration(reps):
 
 
 @pytest.mark.parametrize("reps", REPS)
+def test_set_mass_calibration(reps):
+    rng = np.random.default_rng(4100 + reps)
+    probs = np.concatenate([rng.uniform(0.0, 0.1, 500), np.zeros(50)])  # tails of 0-10%, some sets empty
+    pv = [stats.set_mass_test(rng.random(probs.size) < probs, probs, label="tail").pvalue for _ in range(reps)]
+    check_calibration(pv, "set_mass/tails", exact_uniform=False)
+
+
+@pytest.mark.parametrize("reps", REPS)
 @pytest.mark.parametrize("shape", ["flat", "zipf32k", "dominant"])
 def test_collision_calibration(shape, reps):
     p = NULL_SHAPES[shape]()

@@ -323,6 +323,44 @@ def test_acceptance_exact_paths():
         assert stats.acceptance_test(k, probs).pvalue == pytest.approx(min(1, want), rel=1e-9)
 
 
+def test_set_mass_is_the_count_law_of_its_flags():
+    probs = np.array([0.1, 0.5, 0.8, 0.3, 0.95, 0.6, 0.2])
+    for k in range(8):
+        flags = np.arange(7) < k
+        res = stats.set_mass_test(flags, probs, label="the tail")
+        assert res.pvalue == stats.acceptance_test(k, probs).pvalue
+        assert res.family == "directed" and res.details["set"] == "the tail" and res.n == 7
+    # a token in a set of mass 0 is impossible under H0, whatever the other counts
+    assert stats.set_mass_test(np.array([True, False]), [0.0, 0.5], label="s").pvalue == 0.0
+    assert stats.set_mass_test(np.array([False, True]), [0.0, 0.5], label="s").pvalue == 1.0
+    with pytest.raises(InvalidArgument, match="in_set"):
+        stats.set_mass_test(np.array([1, 0]), [0.5, 0.5], label="s")
+    with pytest.raises(InvalidArgument, match="in_set"):
+        stats.set_mass_test(np.array([True]), [0.5, 0.5], label="s")
+    with pytest.raises(InvalidArgument, match="set_probs"):
+        stats.set_mass_test(np.array([True]), [1.5], label="s")
+
+
+def test_set_mass_detectable_shift_is_regraded_at_its_share():
+    probs = np.full(4000, 0.05)
+    res = stats.set_mass_test(np.arange(4000) < 200, probs, label="s", alpha=1e-3)
+    assert (
+        res.mde_tv
+        == res.details["mde_mass"]
+        == pytest.approx((sps.norm.isf(5e-4) + sps.norm.isf(0.1)) * math.sqrt(4000 * 0.05 * 0.95) / 4000)
+    )
+    # two directed tests share the family's budget: each detects only a larger shift
+    graded = stats.grade([res, res.replace(name="other")], alpha=1e-3)
+    assert graded[0].alpha == pytest.approx(5e-4)
+    assert graded[0].mde_tv == graded[0].details["mde_mass"] > res.mde_tv
+
+
+def test_support_states_the_mass_on_zero_ids_it_sees():
+    res = stats.support_test(np.array([500, 500, 0]), [0.5, 0.5, 0.0])
+    assert res.details["mde_mass"] == pytest.approx(1 - 0.1 ** (1 / 1000))
+    assert (1 - res.details["mde_mass"]) ** 1000 == pytest.approx(0.1)
+
+
 def test_acceptance_binomial_where_scipy_overflows(monkeypatch):
     # Hypothesis found it: equal acceptance probabilities of 4.45e-308 (tables with near-underflow
     # entries) made scipy's binomtest raise OverflowError, so check_verifier crashed.
@@ -337,7 +375,7 @@ def test_acceptance_binomial_where_scipy_overflows(monkeypatch):
     def overflow(*args, **kwargs):
         raise OverflowError("boost")
 
-    monkeypatch.setattr(stats.directed._st, "binomtest", overflow)
+    monkeypatch.setattr(stats.counts._st, "binomtest", overflow)
     for (k, n, p), want in zip(cases, wanted):
         assert stats.acceptance_test(k, np.full(n, p)).pvalue == pytest.approx(want, rel=1e-9)
 
