@@ -64,8 +64,8 @@ print(json.dumps({"peak_kib": peak_kib(), "tests": len(out.results)}))
 CLI = (
     PEAK
     + r"""
-from specverify.cli.commands import main
-status = main(sys.argv[1:])
+from specverify.cli.commands import console_main
+status = console_main()  # as the specverify executable runs it (specverify.core.allocator)
 print(json.dumps({"peak_kib": peak_kib(), "status": status}))
 """
 )

@@ -2,7 +2,7 @@
 
 import sys
 
-from specverify.cli import main
+from specverify.cli import console_main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_main())

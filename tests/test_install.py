@@ -62,7 +62,7 @@ def _pip_lines(text: str) -> list[str]:
 def test_the_distribution_name_is_not_the_unrelated_pypi_project():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["name"] == DISTRIBUTION
-    assert project["scripts"] == {"specverify": "specverify.cli:main"}
+    assert project["scripts"] == {"specverify": "specverify.cli:console_main"}
 
 
 def test_no_install_line_asks_pypi_for_the_bare_name():

@@ -224,6 +224,19 @@ def test_markdown_matrix_has_the_columns(small_result, monkeypatch, tmp_path):
     assert render_markdown(small_result).count("\n") > 10 and "LR ratio" in render_text(small_result)
 
 
+def test_peer_totals_count_tree_entries_run_as_chains(small_result):
+    """The peers run every tree entry as a chain verifier (``tree:<name>``): such rows are scored,
+    below-tier chain mutants are not."""
+    peers = tuple(
+        {"name": r["name"], "kind": r["kind"], "caught": {"chi2_10sigma": r["killed"]}} for r in small_result.rows
+    ) + ({"name": "tree:planted_tree", "kind": "verifier", "caught": {"chi2_10sigma": True}},)
+    result = dataclasses.replace(small_result, peers=peers)
+    scored = [r for r in peers if r["kind"] == "verifier" and r["name"] != "planted_below"]
+    line = next(x for x in render_text(result).splitlines() if "peer chi2_10sigma" in x)
+    assert f"{sum(r['caught']['chi2_10sigma'] for r in scored)}/{len(scored)} verifier mutants caught" in line
+    assert "tree:planted_tree" in {r["name"] for r in scored} and len(scored) >= 2
+
+
 # ------------------------------------------------------------------ plan
 def test_plan_covers_the_catalogue_with_known_scenarios():
     known = {s.name for s in get_scenarios()}

@@ -332,6 +332,16 @@ def _print_error(error: BaseException, debug: bool) -> None:
         print(f"specverify: error: the run stopped: {type(error).__name__}: {message}{hint}", file=sys.stderr)
 
 
+def console_main() -> int:
+    """The ``specverify`` executable and ``python -m specverify``: :func:`main`, in a process whose large
+    freed blocks are reused (:func:`specverify.core.allocator.reuse_large_blocks`; the process is the
+    command's own, unlike an in-process call of :func:`main`)."""
+    from specverify.core.allocator import reuse_large_blocks
+
+    reuse_large_blocks()
+    return main()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the ``specverify`` command line; return its exit status (0 pass, 1 fail, 2 usage or broken implementation).
 

@@ -448,4 +448,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from specverify.core.allocator import reuse_large_blocks
+
+    reuse_large_blocks()  # the server's own process: its (rows, V) blocks reused (specverify.core.allocator)
     sys.exit(main())
