@@ -23,9 +23,15 @@ advance independently with no padding inside a row's context.
 Invariant between rounds (correct decoder): target cache length =
 ``seq_len - 1``; drafter cache length <= ``seq_len - 1``.
 
+Penalties (``SamplingConfig.repetition_penalty`` and the others): the law at a draft
+position conditions on the prompt, the committed output and the drafts before that position,
+for the drafter and for the target's verification alike (a rejected draft then rejects every
+law after it, so the output law is the penalised target's; vLLM's sampler appends the draft
+tokens to the output for the same reason).  ``_history`` gives those tokens.
+
 Override hooks for mutants (each is a small method): ``_draft_token``,
 ``_draft_probs``, ``_target_probs``, ``_verify``, ``_rollback_target``,
-``_rollback_drafter``, ``_draft_context``.
+``_rollback_drafter``, ``_draft_context``, ``_history``, ``_append``.
 
 Shapes: B active rows, K draft length, V vocabulary, L token-buffer capacity,
 W packed feed width.
@@ -42,7 +48,7 @@ from specverify.core.sampling import sample
 from specverify.core.validation import check_int
 from specverify_reference.direct import CHUNK_ROW_ENTRIES, ChunkedGenerate, TargetAdapter, validate_batch_args
 from specverify_reference.models import KVCache, NGramDrafter, TinyTransformer
-from specverify_reference.processors import SamplingConfig, greedy_probs, logits_to_probs_by_rows
+from specverify_reference.processors import History, SamplingConfig, greedy_probs, logits_to_probs_by_rows
 from specverify_reference.rules import greedy_verify, verify
 
 __all__ = ["SpeculativeDecoder", "DecodeResult", "DecodeStats"]
@@ -243,7 +249,8 @@ class SpeculativeDecoder(ChunkedGenerate):
         tokens = torch.empty(logits.shape[0], self.k, dtype=torch.long, device=logits.device)  # (B, K)
         probs = None  # (B, K, V), filled step by step (no list of K laws and a stacked copy)
         for i in range(self.k):
-            token, reported = self._draft_token(logits, generator)  # (B,), (B, V)
+            history = self._step_history(state, tokens[:, :i])
+            token, reported = self._draft_token(logits, generator, history)  # (B,), (B, V)
             if probs is None:
                 probs = reported.new_empty(reported.shape[0], self.k, reported.shape[1])
             tokens[:, i], probs[:, i] = token, reported
@@ -253,15 +260,17 @@ class SpeculativeDecoder(ChunkedGenerate):
         assert probs is not None  # k >= 1
         return tokens, probs
 
-    def _draft_probs(self, logits: torch.Tensor) -> torch.Tensor:
+    def _draft_probs(self, logits: torch.Tensor, history: History | None = None) -> torch.Tensor:
         """The drafter's processed law from its logits: (B, V) -> (B, V) float64 (in blocks, as the target's),
         written over float64 logits (which the caller no longer needs)."""
         rows = max(1, CHUNK_ROW_ENTRIES // self.vocab_size)
-        return logits_to_probs_by_rows(logits, self.sampling, rows=rows, overwrite=True)
+        return logits_to_probs_by_rows(logits, self.sampling, rows=rows, overwrite=True, history=history)
 
-    def _draft_token(self, logits: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def _draft_token(
+        self, logits: torch.Tensor, generator: torch.Generator, history: History | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample one draft token per row; return it (B,) and the law it was drawn from (B, V)."""
-        draft_probs = self._draft_probs(logits)  # (B, V)
+        draft_probs = self._draft_probs(logits, history)  # (B, V)
         if self.greedy:
             draft_probs = greedy_probs(draft_probs)  # (B, V) the drafter proposes its argmax
         return sample(draft_probs, generator=generator, check=False), draft_probs
@@ -279,9 +288,29 @@ class SpeculativeDecoder(ChunkedGenerate):
         first = count - (K + 1)  # (B,) index of the last committed token in the feed
         idx = first[:, None] + torch.arange(K + 1, device=ext.device)  # (B, K+1)
         logits = self.target(feed, cache, num_valid=count, head_at=idx)  # (B, K+1, V)
-        return self._target_probs(logits)
+        history = None
+        if self.sampling.needs_history:
+            tokens, end = self._history(state, draft_tokens)  # (B, H), (B,)
+            history = History(tokens, state.prompt_len, end[:, None] + torch.arange(K + 1, device=end.device))
+        return self._target_probs(logits, history)
 
-    def _target_probs(self, logits: torch.Tensor) -> torch.Tensor:
+    # ---- the tokens a penalised law conditions on
+    def _history(self, state: _State, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompt, the committed output and then ``drafts`` (B, m): tokens (B, H) and where the
+        drafts start (B,); the law at draft position i conditions on ``tokens[:, :start + i]``."""
+        tokens = state.seq.clone()  # (B, L)
+        if drafts.shape[1]:
+            tokens.scatter_(1, state.seq_len[:, None] + torch.arange(drafts.shape[1], device=tokens.device), drafts)
+        return tokens, state.seq_len
+
+    def _step_history(self, state: _State, drafts: torch.Tensor) -> History | None:
+        """The history of the next draft token's law (None without penalties)."""
+        if not self.sampling.needs_history:
+            return None
+        tokens, start = self._history(state, drafts)
+        return History(tokens, state.prompt_len, (start + drafts.shape[1])[:, None])
+
+    def _target_probs(self, logits: torch.Tensor, history: History | None = None) -> torch.Tensor:
         """The target's processed conditionals: (B, K+1, V) logits -> (B, K+1, V) float64.
 
         Processed in blocks of :data:`CHUNK_ROW_ENTRIES` entries, written over float64 logits (the
@@ -289,7 +318,7 @@ class SpeculativeDecoder(ChunkedGenerate):
         then holds one (B, K+1, V) tensor, with the processors' temporaries per block.
         """
         rows = max(1, CHUNK_ROW_ENTRIES // self.vocab_size)
-        return logits_to_probs_by_rows(logits, self.sampling, rows=rows, overwrite=True)
+        return logits_to_probs_by_rows(logits, self.sampling, rows=rows, overwrite=True, history=history)
 
     # ---- 3. verification
     def _verify(self, target_probs, draft_probs, draft_tokens, generator):

@@ -20,7 +20,7 @@ from specverify.core.errors import InvalidArgument
 from specverify.core.sampling import sample
 from specverify.core.validation import check_generator, check_int, check_shape, check_tokens
 from specverify_reference.models import TinyTransformer
-from specverify_reference.processors import SamplingConfig, logits_to_probs
+from specverify_reference.processors import History, SamplingConfig, logits_to_probs
 
 __all__ = [
     "ChunkedGenerate",
@@ -71,20 +71,27 @@ class TargetAdapter:
         self.vocab_size = model.vocab_size
         self.max_batch = check_int("max_batch", max_batch, minimum=1)
 
-    def next_token_probs(self, prefix: torch.Tensor) -> torch.Tensor:
-        """Processed conditional of the next token after each row of ``prefix`` (B, T): (B, V) float64."""
+    def next_token_probs(self, prefix: torch.Tensor, *, prompt_len: int | None = None) -> torch.Tensor:
+        """Processed conditional of the next token after each row of ``prefix`` (B, T): (B, V) float64.
+
+        With penalties, ``prefix[:, :prompt_len]`` is the prompt and the rest the output (default:
+        the whole prefix is the prompt).
+        """
         check_shape("prefix", prefix, (None, None))
         if prefix.shape[1] < 1:
             raise InvalidArgument(f"prefix must hold at least one token, got shape {tuple(prefix.shape)}")
         check_tokens("prefix", prefix, self.vocab_size)
-        return self._probs(prefix, prefix.shape[1] - 1)[:, -1]  # (B, V)
+        T = prefix.shape[1]
+        prompt_len = T if prompt_len is None else check_int("prompt_len", prompt_len, minimum=0, maximum=T)
+        return self._probs(prefix, T - 1, prompt_len)[:, -1]  # (B, V)
 
     def conditionals(self, sequences: torch.Tensor, start: int) -> torch.Tensor:
         """Teacher-forced processed conditionals of tokens ``start..S-1`` of ``sequences`` (B, S).
 
         Entry ``[b, j]`` is the law of ``sequences[b, start + j]`` given
         ``sequences[b, :start + j]``; returns (B, S - start, V) float64 from one
-        forward pass (per ``max_batch`` rows).
+        forward pass (per ``max_batch`` rows).  With penalties ``sequences[:, :start]`` is the
+        prompt (the decoder harness asks for the laws of the new tokens after a prompt).
         """
         check_shape("sequences", sequences, (None, None))
         check_tokens("sequences", sequences, self.vocab_size)
@@ -92,9 +99,10 @@ class TargetAdapter:
         start = check_int("start", start, minimum=1, maximum=max(1, S - 1))
         if S < 2:
             raise InvalidArgument(f"sequences must hold at least 2 tokens, got shape {tuple(sequences.shape)}")
-        return self._probs(sequences[:, :-1], start - 1)  # (B, S - start, V)
+        return self._probs(sequences[:, :-1], start - 1, start)  # (B, S - start, V)
 
-    def _probs(self, tokens: torch.Tensor, first: int) -> torch.Tensor:
+    def _probs(self, tokens: torch.Tensor, first: int, prompt_len: int) -> torch.Tensor:
+        """Laws after ``tokens[:, :h + 1]`` for h = first .. S - 1, the first ``prompt_len`` the prompt."""
         tokens = tokens.to(self.model.device).long()
         B, S = tokens.shape
         step = rows_per_chunk(self.max_batch, self.vocab_size, S - first, PASS_ENTRIES)
@@ -103,7 +111,10 @@ class TargetAdapter:
         for i in range(0, B, step):
             rows = tokens[i : i + step]  # (b, S)
             logits = self.model(rows, head_at=heads.expand(rows.shape[0], -1))  # (b, n, V)
-            out.append(logits_to_probs(logits, self.sampling))
+            history = None
+            if self.sampling.needs_history:
+                history = History(rows, prompt_len, (heads + 1).expand(rows.shape[0], -1))
+            out.append(logits_to_probs(logits, self.sampling, history=history))
         if not out:
             return torch.zeros(0, tokens.shape[1] - first, self.vocab_size, dtype=torch.float64, device=tokens.device)
         return torch.cat(out)  # (B, n, V)
@@ -245,10 +256,15 @@ class DirectSampler(ChunkedGenerate):
         cache = self.target.new_cache(B, capacity=T + max_new_tokens)
         last = torch.full((B, 1), T - 1, device=self.device)  # (B, 1) the prefill's one read position
         logits = self.target(prompts.to(self.device).long(), cache, head_at=last)[:, 0]  # (B, V) prefill
+        seq = torch.cat([prompts.to(self.device).long(), prompts.new_zeros(B, max_new_tokens)], dim=1)  # (B, T + L)
         out = []
         for i in range(max_new_tokens):
-            target_probs = logits_to_probs(logits, self.sampling)  # (B, V)
+            history = (
+                History(seq, T, torch.full((B, 1), T + i, device=seq.device)) if self.sampling.needs_history else None
+            )
+            target_probs = logits_to_probs(logits, self.sampling, history=history)  # (B, V)
             token = sample(target_probs, generator=generator, check=False)  # (B,)
+            seq[:, T + i] = token
             out.append(token)
             if i + 1 < max_new_tokens:
                 logits = self.target(token[:, None], cache)[:, 0]  # (B, V)

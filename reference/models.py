@@ -38,7 +38,7 @@ from torch import nn
 from specverify.core.errors import InvalidArgument
 from specverify.core.sampling import sample
 from specverify.core.validation import check_generator, check_int, check_shape, check_tokens
-from specverify_reference.processors import SamplingConfig, logits_to_probs
+from specverify_reference.processors import History, SamplingConfig, logits_to_probs
 
 __all__ = ["ModelConfig", "KVCache", "TinyTransformer", "make_pair", "NGramDrafter", "ModelDrafter"]
 
@@ -420,9 +420,14 @@ class ModelDrafter:
         cache = self.model.new_cache(B, capacity=T + k)
         last = torch.full((B, 1), T - 1, device=self.model.device)  # (B, 1) the prefill's one read position
         logits = self.model(prefix.to(self.model.device).long(), cache, head_at=last)[:, 0]  # (B, V)
-        tokens, probs = [], []
+        tokens: list[torch.Tensor] = []
+        probs: list[torch.Tensor] = []
         for i in range(k):
-            draft_probs = logits_to_probs(logits, self.sampling)  # (B, V)
+            history = None  # with penalties: the prefix is the prompt, the drafts so far the output
+            if self.sampling.needs_history:
+                seq = torch.cat([prefix.to(logits.device).long(), *[t[:, None] for t in tokens]], dim=1)  # (B, T + i)
+                history = History.of_prefixes(seq, T)
+            draft_probs = logits_to_probs(logits, self.sampling, history=history)  # (B, V)
             token = sample(draft_probs, generator=generator, check=False)  # (B,)
             tokens.append(token)
             probs.append(draft_probs)

@@ -26,7 +26,7 @@ from specverify.decoder import TIER_PLANS, check_decoder
 from specverify.decoder.conditionals import prefix_ids
 from specverify.decoder.protocol import make_prompts
 from specverify.mutants import entries
-from specverify.mutants.decoder import make_decoder_mutant
+from specverify.mutants.decoder import PENALISED, make_decoder_mutant
 from specverify_reference.decoder import SpeculativeDecoder
 from specverify_reference.direct import DirectSampler, TargetAdapter
 from specverify_reference.models import make_pair
@@ -255,6 +255,39 @@ def test_reference_decoder_with_processors_passes_smoke(tiny_pair):
     )
     assert report.verdict == "pass" and not report.errors, _describe(report)
     assert all(s["k"] == 3 for s in report.scenarios)
+
+
+#: Each engine's penalties (and llama.cpp's window, bias and cuts before its temperature).
+PENALISED_LAWS = {
+    "vllm": PENALISED,
+    "llama.cpp": SamplingConfig(temperature=0.8, top_k=12, top_p=0.95, min_p=0.05, engine="llama.cpp",
+                                repetition_penalty=1.3, frequency_penalty=0.3, presence_penalty=0.2,
+                                logit_bias={3: 2.0, 5: -1.0}, penalty_last_n=4),
+    "hf": SamplingConfig(repetition_penalty=1.4),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("engine", [*("vllm", "llama.cpp"), pytest.param("hf", marks=pytest.mark.slow)])
+def test_reference_decoder_with_each_engines_penalties_passes_smoke(tiny_pair, engine):
+    """Drafts before a position count in its penalties, for the drafter and the verification pass alike."""
+    target, drafter = tiny_pair
+    sampling = PENALISED_LAWS[engine]
+    report = check_decoder(
+        SpeculativeDecoder(target, drafter, k=3, sampling=sampling),
+        TargetAdapter(target, sampling),
+        tier="smoke",
+        seed=0,
+        alpha=ALPHA,
+        num_samples=1000,
+    )
+    assert report.verdict == "pass" and not report.errors, _describe(report)
+
+
+def test_direct_sampling_under_penalties_matches_the_teacher_forced_laws(tiny_pair):
+    target, _ = tiny_pair
+    report = check_decoder(DirectSampler(target, PENALISED), TargetAdapter(target, PENALISED), seed=2, alpha=ALPHA,
+                           num_samples=1000, max_new_tokens=6)  # fmt: skip
+    assert report.verdict == "pass" and not report.errors, _describe(report)
 
 
 @pytest.mark.slow

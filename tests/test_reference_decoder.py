@@ -11,15 +11,13 @@ drafter's sampling but not on its reported q, target at temperature 1 instead of
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 import torch
 from scipy import stats as sps
 
 from specverify.core.errors import InvalidArgument
-from specverify.core.sampling import sample
+from specverify.mutants.decoder import NoTargetRollback, TargetUnprocessed, TopKNotInReportedQ
 from specverify_reference.decoder import SpeculativeDecoder
 from specverify_reference.direct import DirectSampler, TargetAdapter
 from specverify_reference.models import NGramDrafter, make_pair
@@ -233,29 +231,6 @@ def test_direct_and_ngram_decoders_follow_the_exact_target_law(tiny_pair, which)
     assert min(p for p, _ in pvalues.values()) > ALPHA, f"{which}: {_describe(pvalues)}"
 
 
-class NoTargetRollback(SpeculativeDecoder):
-    """Planted bug: rejected drafts stay in the target's KV cache."""
-
-    def _rollback_target(self, state):
-        pass
-
-
-class TopKNotInReportedQ(SpeculativeDecoder):
-    """Planted bug: the drafter samples from its top-k law but reports the law without top-k."""
-
-    def _draft_token(self, logits, generator):
-        sampled_from = logits_to_probs(logits, self.sampling)  # (B, V)
-        reported = logits_to_probs(logits, replace(self.sampling, top_k=None))  # (B, V)
-        return sample(sampled_from, generator=generator, check=False), reported
-
-
-class TargetAtTemperatureOne(SpeculativeDecoder):
-    """Planted bug: target probabilities at temperature 1 whatever the user asked."""
-
-    def _target_probs(self, logits):
-        return logits_to_probs(logits, replace(self.sampling, temperature=1.0))
-
-
 class NoDrafterRollback(SpeculativeDecoder):
     """Equivalent variant: the drafter keeps rejected drafts in its cache (a stale context).
 
@@ -276,7 +251,7 @@ def test_stale_drafter_context_is_lossless(tiny_pair):
 MUTANTS = {
     "no_target_rollback": (NoTargetRollback, SamplingConfig()),
     "topk_not_in_q": (TopKNotInReportedQ, SamplingConfig(top_k=3)),
-    "target_temperature_1": (TargetAtTemperatureOne, SamplingConfig(temperature=0.7)),
+    "target_temperature_1": (TargetUnprocessed, SamplingConfig(temperature=0.7)),
 }
 
 
@@ -293,7 +268,7 @@ def test_planted_decoder_bugs_are_caught(tiny_pair, mutant):
     [
         (SpeculativeDecoder, SamplingConfig(top_k=3), False),
         (SpeculativeDecoder, SamplingConfig(temperature=0.7), False),
-        (TargetAtTemperatureOne, SamplingConfig(temperature=0.7), True),  # rate 0.7067 instead of 0.6617
+        (TargetUnprocessed, SamplingConfig(temperature=0.7), True),  # rate 0.7067 instead of 0.6617
     ],
 )
 def test_first_position_acceptance_rate_is_sum_min_p_q(tiny_pair, decoder_cls, sampling, detect):

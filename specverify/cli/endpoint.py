@@ -21,6 +21,11 @@ CONFLICTS = ("verifier", "tree_verifier", "decoder", "drafter", "target", "refer
              "shards", "ray_address", "device", "dtype", "scenario", "mode")  # fmt: skip
 
 
+#: The engines whose documented law an endpoint audit can apply (``specverify_reference.processors.ENGINES``,
+#: named here so that parsing arguments does not import torch).
+LAWS = ("vllm", "llama.cpp", "hf")
+
+
 def add_arguments(audit) -> None:
     """The endpoint group of ``specverify audit``."""
     group = audit.add_argument_group("endpoint audit (a running OpenAI-compatible server, over HTTP)")
@@ -38,6 +43,18 @@ def add_arguments(audit) -> None:
     group.add_argument("--temperature", type=nonnegative_float, default=1.0)
     group.add_argument("--top-k", type=positive_int, metavar="K", help="top-k of every request (default: off)")
     group.add_argument("--top-p", type=probability, metavar="P", help="top-p of every request (default: off)")
+    group.add_argument("--min-p", type=probability, metavar="P", help="min-p of every request (default: off)")
+    group.add_argument("--repetition-penalty", type=positive_float, default=1.0, metavar="R",
+                       help="repetition penalty of every request (default 1: off)")  # fmt: skip
+    group.add_argument("--frequency-penalty", type=float, default=0.0, metavar="F",
+                       help="frequency penalty of every request (default 0: off)")  # fmt: skip
+    group.add_argument("--presence-penalty", type=float, default=0.0, metavar="P",
+                       help="presence penalty of every request (default 0: off)")  # fmt: skip
+    group.add_argument("--logit-bias", action="append", metavar="ID=BIAS", default=[],
+                       help="a logit bias of every request (repeatable; sent as OpenAI's logit_bias)")  # fmt: skip
+    group.add_argument("--law-of", choices=LAWS, default="vllm", dest="law_of",
+                       help="whose documented sampling law the server follows: the cuts' order and what the "
+                       "penalties count (default vllm)")  # fmt: skip
     group.add_argument("--prompts", metavar="FILE", help="JSON list of token-id lists (default: derived from --seed)")
     group.add_argument("--concurrency", type=positive_int, default=8, help="requests in flight (default 8)")
     group.add_argument(
@@ -116,6 +133,22 @@ def _check(args) -> None:
         raise InvalidArgument("--endpoint: ask for greedy decoding with --temperature 0")
 
 
+def logit_bias(pairs: list[str]) -> dict[int, float]:
+    """``--logit-bias ID=BIAS`` values as a mapping (InvalidArgument naming a bad one)."""
+    out: dict[int, float] = {}
+    for pair in pairs:
+        token, sep, value = pair.partition("=")
+        try:
+            if not sep or not token.strip().isdigit():
+                raise ValueError
+            out[int(token)] = float(value)
+        except ValueError:
+            raise InvalidArgument(
+                f"--logit-bias must look like ID=BIAS (a token id and a number), got {pair!r}"
+            ) from None
+    return out
+
+
 def endpoint_argv(args) -> list[str]:
     """The canonical arguments of an endpoint audit (no output options, never the key itself)."""
     argv = ["--endpoint", args.endpoint, "--model", args.model]
@@ -130,6 +163,15 @@ def endpoint_argv(args) -> list[str]:
         argv += ["--top-k", str(args.top_k)]
     if args.top_p is not None:
         argv += ["--top-p", f"{args.top_p:g}"]
+    if args.min_p is not None:
+        argv += ["--min-p", f"{args.min_p:g}"]
+    for flag, neutral in (("repetition_penalty", 1.0), ("frequency_penalty", 0.0), ("presence_penalty", 0.0)):
+        if getattr(args, flag) != neutral:
+            argv += ["--" + flag.replace("_", "-"), f"{getattr(args, flag):g}"]
+    for token, bias in sorted(logit_bias(args.logit_bias).items()):
+        argv += ["--logit-bias", f"{token}={bias:g}"]
+    if args.law_of != "vllm":
+        argv += ["--law-of", args.law_of]
     if args.prompts:
         argv += ["--prompts", args.prompts]
     for flag in ("num_samples", "max_new_tokens"):
@@ -188,6 +230,12 @@ def _check_endpoint(args, progress, announce):
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        frequency_penalty=args.frequency_penalty,
+        presence_penalty=args.presence_penalty,
+        logit_bias=logit_bias(args.logit_bias),
+        engine=args.law_of,
         prompts=args.prompts,
         tier=args.tier,
         seed=args.seed,

@@ -30,8 +30,24 @@ __all__ = ["reference_decoder", "reference_target", "direct_sampler", "table_tar
 FORWARD_DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
-def _sampling(temperature: float, top_k, top_p, min_p) -> SamplingConfig:
-    return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+#: Sampling options the reference factories take beside temperature, top-k, top-p and min-p
+#: (:class:`~specverify_reference.processors.SamplingConfig`'s fields of the same names).
+PENALTY_OPTIONS = (
+    "engine",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+    "penalty_last_n",
+)
+
+
+def _sampling(temperature: float, top_k, top_p, min_p, options: dict) -> SamplingConfig:
+    unknown = sorted(set(options) - set(PENALTY_OPTIONS))
+    if unknown:
+        raise InvalidArgument(f"unknown option(s) {', '.join(unknown)}; the sampling options are temperature, "
+                              f"top_k, top_p, min_p, {', '.join(PENALTY_OPTIONS)}")  # fmt: skip
+    return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, **options)
 
 
 def _forward_dtype(dtype: str) -> torch.dtype:
@@ -44,10 +60,10 @@ def _forward_dtype(dtype: str) -> torch.dtype:
     return FORWARD_DTYPES[dtype]
 
 
-def _target_model(vocab_size: int, seed: int, dtype: str, temperature: float, top_k, top_p, min_p):
+def _target_model(vocab_size: int, seed: int, dtype: str, temperature: float, top_k, top_p, min_p, options):
     """The seeded target transformer and its sampling configuration (the decoder's, for equal options)."""
     target, _ = make_pair(vocab_size=vocab_size, seed=seed, dtype=_forward_dtype(dtype))
-    return target, _sampling(temperature, top_k, top_p, min_p)
+    return target, _sampling(temperature, top_k, top_p, min_p, options)
 
 
 def reference_decoder(
@@ -62,12 +78,16 @@ def reference_decoder(
     drafter: str = "early_exit",
     greedy: bool = False,
     dtype: str = "float64",
+    **penalties,
 ) -> SpeculativeDecoder:
-    """The reference speculative decoder on a seeded tiny transformer pair (early-exit drafter), float64 forward."""
+    """The reference speculative decoder on a seeded tiny transformer pair (early-exit drafter), float64 forward.
+
+    ``penalties``: ``engine``, ``repetition_penalty``, ``frequency_penalty``, ``presence_penalty``,
+    ``logit_bias``, ``penalty_last_n`` (:class:`SamplingConfig`; the target's factory takes the same).
+    """
     target, draft_model = make_pair(vocab_size=vocab_size, seed=seed, drafter=drafter, dtype=_forward_dtype(dtype))
-    return SpeculativeDecoder(
-        target, draft_model, k=k, sampling=_sampling(temperature, top_k, top_p, min_p), greedy=greedy
-    )
+    sampling = _sampling(temperature, top_k, top_p, min_p, penalties)
+    return SpeculativeDecoder(target, draft_model, k=k, sampling=sampling, greedy=greedy)
 
 
 def reference_target(
@@ -79,9 +99,10 @@ def reference_target(
     top_p=None,
     min_p=None,
     dtype: str = "float64",
+    **penalties,
 ) -> TargetAdapter:
     """Exact processed conditionals of the target that :func:`reference_decoder` uses with the same options."""
-    return TargetAdapter(*_target_model(vocab_size, seed, dtype, temperature, top_k, top_p, min_p))
+    return TargetAdapter(*_target_model(vocab_size, seed, dtype, temperature, top_k, top_p, min_p, penalties))
 
 
 def direct_sampler(
@@ -93,9 +114,10 @@ def direct_sampler(
     top_p=None,
     min_p=None,
     dtype: str = "float64",
+    **penalties,
 ) -> DirectSampler:
     """Plain autoregressive sampling of the same target (the two-sample ``--reference``)."""
-    return DirectSampler(*_target_model(vocab_size, seed, dtype, temperature, top_k, top_p, min_p))
+    return DirectSampler(*_target_model(vocab_size, seed, dtype, temperature, top_k, top_p, min_p, penalties))
 
 
 def table_target(*, vocab_size: int = 16, seed: int = 0, kind: str = "peaked") -> tables.MarkovTable:

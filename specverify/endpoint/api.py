@@ -33,7 +33,7 @@ import torch
 
 from specverify.core.errors import InvalidArgument
 from specverify.endpoint.http import EndpointError, server_text
-from specverify_reference.processors import SamplingConfig, logits_to_probs
+from specverify_reference.processors import History, SamplingConfig, adjust_logits, logits_to_probs
 
 __all__ = [
     "Sampling",
@@ -74,25 +74,57 @@ CAP_HINT = "start the server with --max-logprobs -1 (vLLM) so that prompt_logpro
 class Sampling:
     """The sampling parameters of an audit, sent to the server and applied to its raw logprobs.
 
-    ``top_k=None`` and ``top_p=None`` are off (not sent).  Temperature 0 is greedy.
+    ``top_k``, ``top_p`` and ``min_p`` None, penalties at their neutral values and an empty
+    ``logit_bias`` are off (not sent).  Temperature 0 is greedy.  ``engine`` names whose law the
+    server documents (:data:`specverify_reference.processors.ENGINES`; vLLM's by default: the
+    order of the cuts, what the penalties count); it is not sent.  ``logit_bias`` is sent as
+    OpenAI's ``{"id": bias}``.
     """
 
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple = ()
+    engine: str = "vllm"
 
     def __post_init__(self):
-        self.config()  # validates (InvalidArgument naming the parameter)
+        object.__setattr__(self, "logit_bias", self.config().logit_bias)  # validates (InvalidArgument naming it)
+        for token, bias in self.logit_bias:
+            if not math.isfinite(bias):
+                raise InvalidArgument(
+                    f"logit_bias values sent to a server must be finite (JSON), got {bias} for id {token}"
+                )
 
     def config(self) -> SamplingConfig:
-        return SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+        return SamplingConfig(
+            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p, engine=self.engine,
+            repetition_penalty=self.repetition_penalty, frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty, logit_bias=self.logit_bias,
+        )  # fmt: skip
+
+    def record(self) -> dict:
+        """What a report and a store header record: temperature, top-k and top-p always (None when off),
+        the other options only when on (so that a store written before they existed still matches)."""
+        out: dict = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+        out.update({k: v for k, v in self.fields().items() if k not in out})
+        if self.engine != "vllm":
+            out["engine"] = self.engine
+        return out
 
     def fields(self) -> dict:
         out: dict = {"temperature": float(self.temperature)}
-        if self.top_k is not None:
-            out["top_k"] = int(self.top_k)
-        if self.top_p is not None:
-            out["top_p"] = float(self.top_p)
+        for name in ("top_k", "top_p", "min_p"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        for name, neutral in (("repetition_penalty", 1.0), ("frequency_penalty", 0.0), ("presence_penalty", 0.0)):
+            if getattr(self, name) != neutral:
+                out[name] = float(getattr(self, name))
+        if self.logit_bias:
+            out["logit_bias"] = {str(token): bias for token, bias in self.logit_bias}
         return out
 
 
@@ -372,20 +404,52 @@ def prompt_logprob_tops(reply, sequence: list[int], top: int, vocab_size: int) -
     return rows
 
 
-def top_resolves(logprobs: np.ndarray, vocab_size: int, sampling: Sampling) -> bool:
+def top_resolves(
+    logprobs: np.ndarray,
+    vocab_size: int,
+    sampling: Sampling,
+    *,
+    ids: np.ndarray | None = None,
+    history: History | None = None,
+) -> bool:
     """Whether the ``top`` listed raw log-probabilities (descending) fix the processed law exactly.
 
     They do when the row lists the whole vocabulary, or when the sampler's cut (top-k's k-th
     largest; greedy's largest) lies strictly above the least listed value: every unlisted token
     is then below the cut and has processed probability 0, whatever its value.  Without top-k
     (or greedy) the law needs every token's value and they never fix it.
+
+    With a logit bias or penalties (``ids``, the listed tokens, and ``history``, the prefix, are
+    then needed) the cut is the k-th largest *adjusted* listed value, and an unlisted token's
+    adjusted value is at most its adjustment of the least listed value (each adjustment is
+    increasing in the logit): the list fixes the law when that cut lies strictly above every such
+    bound.
     """
     if len(logprobs) >= vocab_size:
         return True
     k = 1 if sampling.temperature == 0 else sampling.top_k
     if k is None or k > len(logprobs):
         return False
-    return bool(logprobs[k - 1] > logprobs[-1])
+    config = sampling.config()
+    if not config.adjusts_logits:
+        return bool(logprobs[k - 1] > logprobs[-1])
+    if ids is None:
+        raise InvalidArgument("top_resolves needs the listed ids when a logit bias or a penalty is on")
+    listed = np.zeros(int(vocab_size), dtype=bool)
+    listed[ids] = True
+    rows = np.full((2, int(vocab_size)), -math.inf)
+    rows[1, ~listed] = logprobs[-1]  # every unlisted token at the least listed value: its bound
+    rows[:, ids] = logprobs
+    adjusted = adjust_logits(torch.as_tensor(rows)[:, None], config, _twice(history)).numpy()[:, 0]  # (2, V)
+    cut = np.sort(adjusted[0, ids])[::-1][k - 1]
+    return bool(cut > adjusted[1, ~listed].max())
+
+
+def _twice(history: History | None) -> History | None:
+    """``history`` (one row) for two rows of laws."""
+    if history is None:
+        return None
+    return History(history.tokens.expand(2, -1), history.prompt_len, history.ends.expand(2, -1))
 
 
 def densify(ids: np.ndarray, logprobs: np.ndarray, vocab_size: int) -> np.ndarray:
@@ -395,10 +459,14 @@ def densify(ids: np.ndarray, logprobs: np.ndarray, vocab_size: int) -> np.ndarra
     return row
 
 
-def processed_laws(raw_logprobs: np.ndarray, sampling: Sampling) -> torch.Tensor:
-    """The sampler's law from raw log-probabilities (..., V): the reference processors in float64."""
+def processed_laws(raw_logprobs: np.ndarray, sampling: Sampling, history: History | None = None) -> torch.Tensor:
+    """The sampler's law from raw log-probabilities (B, V): the reference processors in float64.
+
+    ``history`` (one law per row: ``ends`` (B, 1)) gives the tokens before each law, needed
+    when a penalty is on.
+    """
     if not isinstance(sampling, Sampling):
         raise InvalidArgument(f"sampling must be a Sampling, got {sampling!r}")
     logits = torch.as_tensor(np.asarray(raw_logprobs, dtype=np.float64))
     logits = torch.where(torch.isfinite(logits), logits, torch.full_like(logits, -math.inf))
-    return logits_to_probs(logits, sampling.config())
+    return logits_to_probs(logits, sampling.config(), history=history)

@@ -48,7 +48,7 @@ from specverify.endpoint.invariance import SCENARIO as INVARIANCE_SCENARIO
 from specverify.endpoint.invariance import batch_invariance as batch_invariance_tests
 from specverify.endpoint.pool import Fetcher
 from specverify.endpoint.store import SampleStore
-from specverify.endpoint.subjects import EndpointDecoder, EndpointTarget, check_top_logprobs
+from specverify.endpoint.subjects import EndpointDecoder, EndpointTarget, check_exact_options, check_top_logprobs
 from specverify.mutants.decoder import VISIBILITY
 
 __all__ = ["check_endpoint", "EndpointPlan", "AuditInterrupted", "declared_fault", "plan_requests", "TOLERANCE_NOTE"]
@@ -292,7 +292,7 @@ def _describe(under_test: _Served, ref: _Served | None, mode: str, sampling: Sam
         "reference_url": ref.client.base_url if ref else None,
         "reference_model": ref.model if ref else None,
         "mode": mode,
-        "sampling": dataclasses.asdict(sampling),
+        "sampling": sampling.record(),
     }
 
 
@@ -363,6 +363,12 @@ def check_endpoint(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
+    min_p: float | None = None,
+    repetition_penalty: float = 1.0,
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
+    logit_bias=(),
+    engine: str = "vllm",
     prompts=None,
     tier: str = "smoke",
     seed: int = 0,
@@ -397,7 +403,13 @@ def check_endpoint(
         name defaults to ``model``.
     two_sample : bool
         Two-sample mode (needs ``reference_url``).
-    temperature, top_k, top_p : sampling parameters sent with every sampling request
+    temperature, top_k, top_p, min_p, repetition_penalty, frequency_penalty, presence_penalty, logit_bias :
+        sampling parameters sent with every sampling request (the penalties at 1, 0 and 0 and an empty
+        ``logit_bias``, a mapping of token ids to biases, are off)
+    engine : str
+        Whose documented law the server follows (``"vllm"``, ``"llama.cpp"``; ``"hf"``): the order of
+        the cuts and what the penalties count (:mod:`specverify_reference.penalties`); the laws
+        after each prefix are processed with it, the prompt's tokens and the output's told apart.
         (``None``: off) and applied to the raw logprobs.
     prompts : list of token-id lists, or a path to a JSON file holding one, optional
         Default: prompts derived from ``seed`` and the vocabulary.
@@ -466,13 +478,18 @@ def check_endpoint(
         many replies are stored, of how many at most, and where.
     """
     started = time.perf_counter()
-    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
+    sampling = Sampling(
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
+        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, logit_bias=logit_bias, engine=engine,
+    )  # fmt: skip
     concurrency = check_int("concurrency", concurrency, minimum=1)
     samples_per_request = check_int("samples_per_request", samples_per_request, minimum=1)
     if tier not in TIER_PLANS:
         raise InvalidArgument(f"tier must be one of {sorted(TIER_PLANS)}, got {tier!r}")
     if two_sample and not reference_url:
         raise InvalidArgument("two_sample=True needs reference_url (the same model served without speculation)")
+    if not two_sample:
+        check_exact_options(sampling)
     if top_logprobs is not None:
         if two_sample:
             raise InvalidArgument("top_logprobs is for exact-conditional mode; two_sample=True asks for no logprobs")

@@ -27,6 +27,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import reprlib
 import secrets
 import ssl
 import sys
@@ -163,6 +164,8 @@ class CompletionServer:
             raise _HttpError(400, f"prompt token ids must be in [0, {self.vocab_size})")
         n, max_tokens = _int(body, "n", 1, 1), _int(body, "max_tokens", 16, 1)
         sampling = _sampling(body)
+        if any(token >= self.vocab_size for token, _ in sampling.logit_bias):
+            raise _HttpError(400, f"logit_bias token ids must be in [0, {self.vocab_size})")
         seed = body.get("seed")
         seed = secrets.randbits(31) if seed is None else _int(body, "seed", 0, 0)
         logprobs = body.get("prompt_logprobs")
@@ -239,13 +242,24 @@ def _int(body: dict, name: str, default: int, minimum: int) -> int:
 
 
 def _sampling(body: dict) -> SamplingConfig:
+    """The request's sampling parameters as vLLM reads them (its law: ``engine="vllm"``)."""
     top_k = body.get("top_k")
     top_p = body.get("top_p")
+    min_p = body.get("min_p")
+    bias = body.get("logit_bias") or {}
     try:
+        if not isinstance(bias, dict) or len(bias) > 300:  # OpenAI's API takes at most 300 entries
+            raise ValueError(f"logit_bias must map at most 300 token ids to biases, got {reprlib.repr(bias)}")
         return SamplingConfig(
             temperature=float(body.get("temperature", 1.0)),
             top_k=None if top_k in (None, 0, -1) else top_k,
             top_p=None if top_p in (None, 1, 1.0) else float(top_p),
+            min_p=None if min_p in (None, 0, 0.0) else float(min_p),
+            engine="vllm",
+            repetition_penalty=float(body.get("repetition_penalty", 1.0)),
+            frequency_penalty=float(body.get("frequency_penalty", 0.0)),
+            presence_penalty=float(body.get("presence_penalty", 0.0)),
+            logit_bias={int(token): float(value) for token, value in bias.items()},
         )
     except (SpecVerifyError, TypeError, ValueError) as error:
         raise _HttpError(400, str(error)) from None

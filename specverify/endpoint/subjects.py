@@ -51,8 +51,11 @@ from specverify.endpoint.api import (
 )
 from specverify.endpoint.http import EndpointError
 from specverify.endpoint.pool import Fetcher, Request
+from specverify_reference.processors import History
 
-__all__ = ["EndpointDecoder", "EndpointTarget", "SEED_MODULUS", "sampling_request", "check_top_logprobs"]
+__all__ = [
+    "EndpointDecoder", "EndpointTarget", "SEED_MODULUS", "sampling_request", "check_top_logprobs", "check_exact_options",
+]  # fmt: skip
 
 SEED_MODULUS = 2**31
 #: Top-M laws an audit asks again over the whole vocabulary (a tie at the cut) before it stops: a
@@ -228,6 +231,7 @@ class EndpointTarget:
         top_logprobs: int | None = None,
     ):
         self.fetcher, self.model, self.sampling, self.role = fetcher, model, sampling, role
+        check_exact_options(sampling)
         self.vocab_size = vocab_size
         self.top = None if top_logprobs is None else check_top_logprobs(top_logprobs, sampling, vocab_size)
         self.raw: dict[tuple, np.ndarray | tuple[np.ndarray, np.ndarray]] = {}  # prefix -> (V,) row or (ids, values)
@@ -248,19 +252,27 @@ class EndpointTarget:
                 planned.update(leaf[:m] for m in keep)
                 requests.append(self._request(list(leaf) + [0], keep, self.top))
                 plans.append((leaf, keep))
-        unresolved = []
         for (leaf, keep), rows in zip(plans, self._fetch(requests, "target laws")):
             for m, row in zip(keep, rows):
                 if self.top is None:
                     self.raw[leaf[:m]] = np.asarray(row, dtype=np.float64)
-                    continue
-                law = (np.asarray(row[0], dtype=np.int64), np.asarray(row[1], dtype=np.float64))
-                if top_resolves(law[1], self.vocab_size, self.sampling):  # type: ignore[arg-type]
-                    self.raw[leaf[:m]] = law
-                else:  # the cut ties the least listed value: ask this law over the whole vocabulary
-                    unresolved.append(leaf[:m])
+                else:
+                    self.raw[leaf[:m]] = (np.asarray(row[0], dtype=np.int64), np.asarray(row[1], dtype=np.float64))
         if self.vocab_size is None:
             self.vocab_size = len(next(iter(self.raw.values())))
+
+    def _resolve(self, prefixes: list[tuple], prompt_len: int) -> None:
+        """Ask again over the whole vocabulary every top-M law in ``prefixes`` whose list does not fix
+        the processed law (:func:`top_resolves`: the cut ties the least listed value, or an adjusted
+        unlisted token could pass it)."""
+        unresolved = []
+        for prefix in dict.fromkeys(prefixes):
+            law = self.raw[prefix]
+            if not isinstance(law, tuple):
+                continue
+            history = _history([prefix], prompt_len) if self.sampling.config().adjusts_logits else None
+            if not top_resolves(law[1], self.vocab_size, self.sampling, ids=law[0], history=history):  # type: ignore[arg-type]
+                unresolved.append(prefix)
         if self.dense_fallbacks + len(unresolved) > MAX_FALLBACKS:
             error = EndpointError(
                 f"{self.dense_fallbacks + len(unresolved)} top-{self.top} laws tie the sampler's cut at their least "
@@ -295,23 +307,28 @@ class EndpointTarget:
         law = self.raw[prefix]
         return densify(law[0], law[1], self.vocab_size) if isinstance(law, tuple) else law  # type: ignore[arg-type]
 
-    def _laws(self, prefixes: list[tuple]) -> torch.Tensor:
+    def _laws(self, prefixes: list[tuple], prompt_len: int) -> torch.Tensor:
+        """The processed laws after ``prefixes``, whose first ``prompt_len`` tokens are the prompt."""
         self.laws_asked += len(prefixes)
         self._ensure(prefixes)
+        if self.top is not None:
+            self._resolve(prefixes, prompt_len)
         raw = np.stack([self._row(p) for p in prefixes])  # (B, V)
-        return processed_laws(raw, self.sampling)
+        history = _history(prefixes, prompt_len) if self.sampling.config().needs_history else None
+        return processed_laws(raw, self.sampling, history)
 
     def next_token_probs(self, prefix: torch.Tensor) -> torch.Tensor:
-        """The processed law after each row of ``prefix`` (B, T): (B, V) float64."""
+        """The processed law after each row of ``prefix`` (B, T): (B, V) float64 (the prefix is the prompt)."""
         rows = [tuple(int(t) for t in row) for row in torch.as_tensor(prefix).tolist()]
-        return self._laws(rows)
+        return self._laws(rows, len(rows[0]) if rows else 0)
 
     def conditionals(self, sequences: torch.Tensor, *, start: int) -> torch.Tensor:
-        """Teacher-forced processed laws of tokens ``start..S-1`` of ``sequences`` (B, S): (B, S - start, V)."""
+        """Teacher-forced processed laws of tokens ``start..S-1`` of ``sequences`` (B, S): (B, S - start, V)
+        (``sequences[:, :start]`` is the prompt, for the penalties)."""
         seqs = [tuple(int(t) for t in row) for row in torch.as_tensor(sequences).tolist()]
         S = len(seqs[0]) if seqs else start
         prefixes = [row[:m] for row in seqs for m in range(start, S)]
-        laws = self._laws(prefixes)  # (B * (S - start), V)
+        laws = self._laws(prefixes, start)  # (B * (S - start), V)
         return laws.reshape(len(seqs), S - start, -1)
 
     def memo(self) -> dict:
@@ -328,6 +345,21 @@ class EndpointTarget:
         return out
 
 
+#: Why a repetition penalty cannot be audited against teacher-forced log-probabilities.
+REPETITION_NEEDS_LOGITS = (
+    "a repetition penalty divides positive logits and multiplies negative ones, so the law needs the raw "
+    "logits, which log-probabilities do not carry (a logprob is the logit minus an unknown constant per "
+    "row); audit it with two_sample=True (--two-sample) against the same server without speculation"
+)
+
+
+def check_exact_options(sampling: Sampling) -> None:
+    """Refuse options whose law teacher-forced log-probabilities cannot give (InvalidArgument)."""
+    if sampling.repetition_penalty != 1.0:
+        raise InvalidArgument(f"repetition_penalty={sampling.repetition_penalty:g} in exact-conditional mode: "
+                              + REPETITION_NEEDS_LOGITS)  # fmt: skip
+
+
 def check_top_logprobs(top_logprobs, sampling: Sampling, vocab_size: int | None) -> int:
     """``top_logprobs`` validated against the sampling parameters it must fix the law of."""
     top = check_int("top_logprobs", top_logprobs, minimum=2)
@@ -341,6 +373,16 @@ def check_top_logprobs(top_logprobs, sampling: Sampling, vocab_size: int | None)
             "value is needed, so ask for the whole vocabulary"
         )
     return top
+
+
+def _history(prefixes: list[tuple], prompt_len: int) -> History:
+    """One law after each prefix (each at least ``prompt_len`` long), padded into one (B, H) history."""
+    width = max(len(p) for p in prefixes)
+    tokens = torch.zeros(len(prefixes), width, dtype=torch.long)  # (B, H)
+    for b, prefix in enumerate(prefixes):
+        tokens[b, : len(prefix)] = torch.tensor(prefix, dtype=torch.long)
+    ends = torch.tensor([[len(p)] for p in prefixes], dtype=torch.long)  # (B, 1)
+    return History(tokens, prompt_len, ends)
 
 
 def _has_extension(prefix: tuple, sorted_prefixes: list[tuple]) -> bool:

@@ -13,6 +13,8 @@ name                        wrong behaviour                                     
 ``topk_not_in_reported_q``  drafter samples from its top-k law, reports q without it   transformers #47932
 ``target_unprocessed``      target probabilities at temperature 1 (user asked 0.7)     vLLM #9834
 ``stale_context``           drafter conditioned on the context before the last block   classic
+``penalties_not_verified``  target verifies without the penalties the user asked for   vLLM #18902
+``penalty_last_token_only`` penalty state records one token per round, not the block   SGLang PR #33643
 ==========================  =========================================================  ==============
 
 ``stale_context`` is *lossless for the output law*: the drafter still reports the law
@@ -43,6 +45,9 @@ __all__ = [
     "TopKNotInReportedQ",
     "TargetUnprocessed",
     "StaleDraftContext",
+    "PenaltiesNotVerified",
+    "PenaltyLastTokenOnly",
+    "PENALISED",
     "ENTRIES",
     "FaultVisibility",
     "VISIBILITY",
@@ -61,17 +66,71 @@ class NoTargetRollback(SpeculativeDecoder):
 class TopKNotInReportedQ(SpeculativeDecoder):
     """The drafter samples from its processed (top-k) law but reports the law without top-k."""
 
-    def _draft_token(self, logits: torch.Tensor, generator: torch.Generator):
-        sampled_from = logits_to_probs(logits, self.sampling)  # (B, V)
-        reported = logits_to_probs(logits, replace(self.sampling, top_k=None))  # (B, V)
+    def _draft_token(self, logits: torch.Tensor, generator: torch.Generator, history=None):
+        sampled_from = logits_to_probs(logits, self.sampling, history=history)  # (B, V)
+        reported = logits_to_probs(logits, replace(self.sampling, top_k=None), history=history)  # (B, V)
         return sample(sampled_from, generator=generator, check=False), reported
 
 
 class TargetUnprocessed(SpeculativeDecoder):
     """The target's verification probabilities at temperature 1, whatever temperature the user asked."""
 
-    def _target_probs(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits_to_probs(logits, replace(self.sampling, temperature=1.0))  # (B, K+1, V)
+    def _target_probs(self, logits: torch.Tensor, history=None) -> torch.Tensor:
+        return logits_to_probs(logits, replace(self.sampling, temperature=1.0), history=history)  # (B, K+1, V)
+
+
+class PenaltiesNotVerified(SpeculativeDecoder):
+    """The target's verification laws without the repetition, frequency and presence penalties.
+
+    The drafter still applies them.  vLLM #18902 (V1: the frequency penalty had no effect with
+    speculative decoding, no warning), TensorRT-LLM PR #17701 (one-model speculative decoding
+    ignored all three), SGLang #28180 (DFlash ignored the repetition penalty).
+    """
+
+    def _target_probs(self, logits: torch.Tensor, history=None) -> torch.Tensor:
+        unpenalised = replace(self.sampling, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0)
+        return logits_to_probs(logits, unpenalised)  # (B, K+1, V)
+
+
+class PenaltyLastTokenOnly(SpeculativeDecoder):
+    """The penalties' record of the output gets one token per round: the last one emitted.
+
+    SGLang PR #33643: with a speculator a decode step commits ``accept_len`` tokens, but only
+    ``output_ids[-1]`` reaches the penalizers, so the other accepted tokens never count (a
+    frequency penalty weakens to about nominal / accepted length).  The drafts of a round are
+    still seen after the record (the verification pass conditions on them).
+    """
+
+    def _append(self, state, tokens: torch.Tensor, num_emitted: torch.Tensor) -> None:
+        super()._append(state, tokens, num_emitted)
+        record, length = _penalty_record(state)  # (B_all, L), (B_all,)
+        rows = state.rows  # (B,) original rows of the active ones
+        last = tokens.gather(1, (num_emitted - 1)[:, None])[:, 0]  # (B,)
+        record[rows, length[rows]] = last
+        length[rows] += 1
+
+    def _history(self, state, drafts: torch.Tensor):
+        record, length = _penalty_record(state)
+        rows, T = state.rows, state.prompt_len
+        B, m = drafts.shape
+        recorded = length[rows]  # (B,)
+        width = int(recorded.max()) if B else 0
+        tokens = torch.zeros(B, T + width + m, dtype=torch.long, device=drafts.device)
+        tokens[:, :T] = state.seq[:, :T]
+        if width:
+            tokens[:, T : T + width] = record[rows, :width]
+        if m:
+            tokens.scatter_(1, (T + recorded)[:, None] + torch.arange(m, device=drafts.device), drafts)
+        return tokens, T + recorded
+
+
+def _penalty_record(state) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mutant's own record of the output per original row: tokens (B_all, L) and lengths (B_all,)."""
+    if not hasattr(state, "_record"):
+        B_all, capacity = state.out.shape[0], state.seq.shape[1]
+        state._record = torch.zeros(B_all, capacity, dtype=torch.long, device=state.seq.device)
+        state._record_len = torch.zeros(B_all, dtype=torch.long, device=state.seq.device)
+    return state._record, state._record_len
 
 
 class StaleDraftContext(SpeculativeDecoder):
@@ -93,6 +152,10 @@ class StaleDraftContext(SpeculativeDecoder):
         return state.seq, stale
 
 
+#: Where the penalty mutants show: vLLM's penalties, strong enough to move a law over 8 tokens.
+PENALISED = SamplingConfig(engine="vllm", repetition_penalty=1.6, frequency_penalty=0.6, presence_penalty=0.4)
+
+
 def _entry(name, cls, sampling, description, provenance, lossy=True) -> CatalogueEntry:
     """A decoder entry: ``cls(target, drafter, *, k, sampling)``; ``sampling`` is where the bug shows."""
     kind = "decoder" if lossy else "decoder_equivalent"
@@ -111,6 +174,12 @@ ENTRIES: tuple[CatalogueEntry, ...] = (
     _entry("stale_context", StaleDraftContext, SamplingConfig(temperature=0.9),
                   "drafter conditioned on the context before the last accepted block (honest q: lossless, slower)",
                   "classic", lossy=False),
+    _entry("penalties_not_verified", PenaltiesNotVerified, PENALISED,
+                  "target verification laws without the repetition, frequency and presence penalties "
+                  "(the drafter applies them)", "vLLM #18902, TensorRT-LLM PR #17701, SGLang #28180"),
+    _entry("penalty_last_token_only", PenaltyLastTokenOnly, PENALISED,
+                  "the penalties' record of the output gets only the last token emitted in each round",
+                  "SGLang PR #33643"),
 )
 # fmt: on
 
@@ -146,6 +215,12 @@ VISIBILITY: dict[str, FaultVisibility] = {
         "a temperature other than 1 (and not 0)", ("--temperature", "0.7"), lambda s: s.temperature not in (0, 1)
     ),
     "stale_context": FaultVisibility("never: it is lossless for the output law, only slower", (), lambda s: False),
+    "penalties_not_verified": FaultVisibility(
+        "a repetition, frequency or presence penalty", ("--frequency-penalty", "0.6"), lambda s: s.needs_history
+    ),
+    "penalty_last_token_only": FaultVisibility(
+        "a repetition, frequency or presence penalty", ("--frequency-penalty", "0.6"), lambda s: s.needs_history
+    ),
 }
 
 
