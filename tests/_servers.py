@@ -47,3 +47,39 @@ class Server:
     def close(self) -> None:
         self.process.terminate()
         self.process.wait(timeout=10)
+
+
+class DirectFetcher:
+    """A fetcher that sends each request at once with one client and reads the reply (no store);
+    ``replies(body)``, when given, answers instead of a server.  ``bodies`` holds what was sent."""
+
+    def __init__(self, client, replies=None):
+        self.client, self.replies, self.bodies = client, replies, []
+
+    def fetch(self, requests, what=""):
+        out = []
+        for r in requests:
+            self.bodies.append(r.body)
+            reply = self.replies(r.body) if self.replies else self.client.post("completions", r.body)
+            out.append(r.parse(reply))
+        return out
+
+
+def logprob_entry(values: dict) -> dict:
+    """One position of vLLM's ``prompt_logprobs``: token id -> {"logprob", "rank", "decoded_token"}."""
+    return {str(t): {"logprob": v, "rank": 0, "decoded_token": str(t)} for t, v in values.items()}
+
+
+def fixed_law_replies(full):
+    """Teacher-forcing replies of a server whose law after every prefix is ``full`` (V,) log-probabilities:
+    the top ``prompt_logprobs`` tokens and the prompt token's own (the whole vocabulary for -1)."""
+
+    def replies(body):
+        prompt, top = body["prompt"], body["prompt_logprobs"]
+        entries: list = [None]
+        for i in range(1, len(prompt)):
+            listed = range(len(full)) if top == -1 else dict.fromkeys([*range(top), prompt[i]])
+            entries.append(logprob_entry({t: float(full[t]) for t in listed}))
+        return {"choices": [{"index": 0, "prompt_logprobs": entries}]}
+
+    return replies

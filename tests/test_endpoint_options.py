@@ -16,7 +16,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from _servers import Server
+from _servers import DirectFetcher, Server, fixed_law_replies
 
 from specverify.cli import main
 from specverify.cli.endpoint import LAWS
@@ -81,26 +81,14 @@ def test_a_penalty_mutant_server_fails(tmp_path, mutant):
     assert report.extra["endpoint"]["declared_fault"]["reachable"] is True
 
 
-class _Direct:
-    """A fetcher that sends each request at once and reads the reply (no store)."""
-
-    def __init__(self, client: HttpClient, replies=None):
-        self.client, self.replies, self.bodies = client, replies, []
-
-    def fetch(self, requests, what=""):
-        out = []
-        for r in requests:
-            self.bodies.append(r.body)
-            out.append(r.parse(self.replies(r.body) if self.replies else self.client.post("completions", r.body)))
-        return out
-
-
 def test_top_m_laws_under_penalties_and_a_bias_equal_the_whole_vocabulary_laws(servers):
     sampling = Sampling(temperature=0.8, top_k=3, top_p=0.95, frequency_penalty=0.5, presence_penalty=-0.3,
                         logit_bias={7: 0.5})  # fmt: skip
     prefixes = torch.randint(64, (20, 7), generator=torch.Generator().manual_seed(4))
-    dense = EndpointTarget(_Direct(HttpClient(servers["reference"].url)), "tiny-reference", sampling, vocab_size=64)
-    fetcher = _Direct(HttpClient(servers["reference"].url))
+    dense = EndpointTarget(
+        DirectFetcher(HttpClient(servers["reference"].url)), "tiny-reference", sampling, vocab_size=64
+    )
+    fetcher = DirectFetcher(HttpClient(servers["reference"].url))
     sparse = EndpointTarget(fetcher, "tiny-reference", sampling, vocab_size=64, top_logprobs=6)
     want = dense.conditionals(prefixes, start=3)  # (20, 4, 64)
     got = sparse.conditionals(prefixes, start=3)
@@ -109,30 +97,18 @@ def test_top_m_laws_under_penalties_and_a_bias_equal_the_whole_vocabulary_laws(s
     assert [b["prompt_logprobs"] for b in fetcher.bodies].count(-1) == fallbacks < len(sparse.raw) / 2
 
 
-def _entry(values: dict[int, float]) -> dict:
-    return {str(t): {"logprob": v, "rank": 0, "decoded_token": str(t)} for t, v in values.items()}
-
-
 def test_a_bias_that_could_lift_an_unlisted_token_past_the_cut_asks_for_the_whole_vocabulary():
     """Top-2 of a list of 3: raw cut 0.3 > least listed 0.2 fixes the plain law, but a bias of +6 on
     an unlisted token could lift it past the cut (it does), so that law is asked again in full."""
     V = 8
     full = np.log(np.array([0.35, 0.3, 0.2, 0.1, 0.03, 0.01, 0.005, 0.005]))
 
-    def replies(body):
-        prompt, top = body["prompt"], body["prompt_logprobs"]
-        entries: list = [None]
-        for i in range(1, len(prompt)):
-            listed = range(V) if top == -1 else dict.fromkeys([*range(top), prompt[i]])
-            entries.append(_entry({t: float(full[t]) for t in listed}))
-        return {"choices": [{"index": 0, "prompt_logprobs": entries}]}
-
     plain, lifted = Sampling(top_k=2), Sampling(top_k=2, logit_bias={6: 6.0})
     assert top_resolves(full[:3], V, plain)
     history = History.of_prefixes(torch.tensor([[1]]), 1)
     assert not top_resolves(full[:3], V, lifted, ids=np.arange(3), history=history)
     assert top_resolves(full[:3], V, Sampling(top_k=2, logit_bias={6: 0.1}), ids=np.arange(3), history=history)
-    fetcher = _Direct(None, replies)
+    fetcher = DirectFetcher(None, fixed_law_replies(full))
     target = EndpointTarget(fetcher, "m", lifted, vocab_size=V, top_logprobs=3)
     laws = target.conditionals(torch.tensor([[1, 0]]), start=1)  # (1, 1, V)
     assert [b["prompt_logprobs"] for b in fetcher.bodies] == [3, -1]

@@ -16,7 +16,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from _servers import Server
+from _servers import DirectFetcher, Server, fixed_law_replies
 
 from specverify.cli import main
 from specverify.core.errors import InvalidArgument
@@ -109,27 +109,12 @@ def servers():
         server.close()
 
 
-class _Direct:
-    """A fetcher that sends each request at once with one client and reads the reply (no store)."""
-
-    def __init__(self, client: HttpClient, replies=None):
-        self.client, self.replies, self.bodies = client, replies, []
-
-    def fetch(self, requests, what=""):
-        out = []
-        for r in requests:
-            self.bodies.append(r.body)
-            reply = self.replies(r.body) if self.replies else self.client.post("completions", r.body)
-            out.append(r.parse(reply))
-        return out
-
-
 def test_the_sparse_target_gives_the_dense_targets_laws(servers):
     client = HttpClient(servers["open"].url)
     sampling = Sampling(temperature=0.8, top_k=5, top_p=0.95)
     prefixes = torch.randint(64, (24, 6), generator=torch.Generator().manual_seed(3))
-    dense = EndpointTarget(_Direct(client), "tiny-reference", sampling, vocab_size=64)
-    fetcher = _Direct(client)
+    dense = EndpointTarget(DirectFetcher(client), "tiny-reference", sampling, vocab_size=64)
+    fetcher = DirectFetcher(client)
     sparse = EndpointTarget(fetcher, "tiny-reference", sampling, vocab_size=64, top_logprobs=6)
     want = dense.conditionals(prefixes, start=2)  # (24, 4, 64)
     got = sparse.conditionals(prefixes, start=2)
@@ -145,15 +130,7 @@ def test_a_law_whose_cut_ties_the_list_is_asked_over_the_whole_vocabulary():
     V = 8
     full = np.log(np.array([0.3, 0.2, 0.2, 0.1, 0.1, 0.05, 0.03, 0.02]))
 
-    def replies(body):
-        prompt, top = body["prompt"], body["prompt_logprobs"]
-        entries: list = [None]
-        for i in range(1, len(prompt)):
-            listed = range(V) if top == -1 else dict.fromkeys([*range(top), prompt[i]])
-            entries.append(_entry({t: float(full[t]) for t in listed}))
-        return _reply(entries)
-
-    fetcher = _Direct(None, replies)
+    fetcher = DirectFetcher(None, fixed_law_replies(full))
     target = EndpointTarget(fetcher, "m", Sampling(top_k=2), vocab_size=V, top_logprobs=3)
     laws = target.conditionals(torch.tensor([[1, 2, 3]]), start=1)  # (1, 2, V)
     assert target.memo()["whole_vocabulary_fallbacks"] == 2  # both laws tie at the cut (0.2, 0.2)
@@ -172,7 +149,7 @@ def test_a_server_cannot_turn_a_top_m_audit_into_a_whole_vocabulary_one(monkeypa
         prompt = body["prompt"]
         return _reply([None] + [_entry(dict.fromkeys([0, 1, 2, t], math.log(1 / 16))) for t in prompt[1:]])
 
-    fetcher = _Direct(None, replies)
+    fetcher = DirectFetcher(None, replies)
     target = EndpointTarget(fetcher, "m", Sampling(top_k=2), vocab_size=16, top_logprobs=3)
     with pytest.raises(EndpointError, match="more than the 3"):
         target.conditionals(torch.tensor([[1, 2, 3, 4, 5]]), start=1)

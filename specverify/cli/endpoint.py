@@ -52,6 +52,11 @@ def add_arguments(audit) -> None:
                        help="presence penalty of every request (default 0: off)")  # fmt: skip
     group.add_argument("--logit-bias", action="append", metavar="ID=BIAS", default=[],
                        help="a logit bias of every request (repeatable; sent as OpenAI's logit_bias)")  # fmt: skip
+    group.add_argument("--logprobs", type=nonnegative_int, metavar="L",
+                       help="ask each emitted token's logprob and its L most likely tokens', and check them against "
+                       "the teacher-forced raw laws (logprob fidelity, on its own line; exact-conditional mode)")  # fmt: skip
+    group.add_argument("--logprob-tolerance", type=positive_float, default=None, metavar="TOL",
+                       help="absolute tolerance of the logprob fidelity check (default 1e-3)")  # fmt: skip
     group.add_argument("--law-of", choices=LAWS, default="vllm", dest="law_of",
                        help="whose documented sampling law the server follows: the cuts' order and what the "
                        "penalties count (default vllm)")  # fmt: skip
@@ -172,6 +177,10 @@ def endpoint_argv(args) -> list[str]:
         argv += ["--logit-bias", f"{token}={bias:g}"]
     if args.law_of != "vllm":
         argv += ["--law-of", args.law_of]
+    if args.logprobs is not None:
+        argv += ["--logprobs", str(args.logprobs)]
+    if args.logprob_tolerance is not None:
+        argv += ["--logprob-tolerance", f"{args.logprob_tolerance:g}"]
     if args.prompts:
         argv += ["--prompts", args.prompts]
     for flag in ("num_samples", "max_new_tokens"):
@@ -236,6 +245,8 @@ def _check_endpoint(args, progress, announce):
         presence_penalty=args.presence_penalty,
         logit_bias=logit_bias(args.logit_bias),
         engine=args.law_of,
+        logprobs=args.logprobs,
+        **({} if args.logprob_tolerance is None else {"logprob_tolerance": args.logprob_tolerance}),
         prompts=args.prompts,
         tier=args.tier,
         seed=args.seed,

@@ -432,6 +432,9 @@ class Report:
         rule = conformance_line(self.conformance)
         if rule:
             lines.append("  " + rule)
+        fidelity = self.extra.get("logprob_fidelity") if isinstance(self.extra, Mapping) else None
+        if isinstance(fidelity, Mapping) and isinstance(fidelity.get("line"), str):  # its own line (endpoint audits)
+            lines.append("  " + fidelity["line"])
         tvs = sorted(r.mde_tv for r in self.results if isinstance(r.mde_tv, float) and math.isfinite(r.mde_tv))
         if tvs:
             n = sum(r.n for r in self.results if r.family == "gof")

@@ -129,9 +129,17 @@ class Sampling:
 
 
 def completion_body(
-    model: str, prompt: list[int], *, n: int, max_tokens: int, sampling: Sampling, seed: int | None
+    model: str,
+    prompt: list[int],
+    *,
+    n: int,
+    max_tokens: int,
+    sampling: Sampling,
+    seed: int | None,
+    logprobs: int | None = None,
 ) -> dict:
-    """The body of a sampling request: ``n`` continuations of ``max_tokens`` tokens of ``prompt``."""
+    """The body of a sampling request: ``n`` continuations of ``max_tokens`` tokens of ``prompt``
+    (with each token's logprob and its ``logprobs`` most likely tokens' when that is not None)."""
     body = {
         "model": model,
         "prompt": [int(t) for t in prompt],
@@ -144,6 +152,8 @@ def completion_body(
     }
     if seed is not None:
         body["seed"] = int(seed)
+    if logprobs is not None:
+        body["logprobs"] = int(logprobs)
     return body
 
 

@@ -43,6 +43,7 @@ from specverify.endpoint.api import (
     teacher_forcing_body,
     teacher_forcing_reply_bytes,
 )
+from specverify.endpoint.fidelity import LOGPROB_TOLERANCE, MAX_TOP_LOGPROBS, check_logprob_fidelity
 from specverify.endpoint.http import EndpointError, HttpClient, Limits, key_variable, server_text
 from specverify.endpoint.invariance import SCENARIO as INVARIANCE_SCENARIO
 from specverify.endpoint.invariance import batch_invariance as batch_invariance_tests
@@ -321,10 +322,12 @@ def _with_batch_invariance(report, fetcher, model, sampling, samples, *, tier, s
 
 def _run_battery(fetcher, under_test, target_side, mode, sampling, vocab, prompt_lists, *, tier, seed, alpha,
                  num_samples, max_new_tokens, samples_per_request, check_determinism, batch_invariance, greedy,
-                 top_logprobs=None):  # fmt: skip
-    """The decoder battery on the endpoint's subjects (and the batch-invariance tests): report, target, summary."""
+                 top_logprobs=None, logprobs=None, logprob_tolerance=LOGPROB_TOLERANCE):  # fmt: skip
+    """The decoder battery on the endpoint's subjects (and the batch-invariance tests): report, target, summary,
+    and the logprob fidelity (None when no logprobs were asked)."""
     decoder = EndpointDecoder(fetcher, under_test.model, sampling, samples_per_request=samples_per_request,
-                              vocab_size=vocab, label=under_test.label, repeat_from_store=not check_determinism)  # fmt: skip
+                              vocab_size=vocab, label=under_test.label, repeat_from_store=not check_determinism,
+                              logprobs=logprobs)  # fmt: skip
     target = None
     if mode == "exact":
         target = EndpointTarget(fetcher, target_side.model, sampling, vocab_size=vocab, top_logprobs=top_logprobs)
@@ -350,7 +353,10 @@ def _run_battery(fetcher, under_test, target_side, mode, sampling, vocab, prompt
             report, fetcher, under_test.model, sampling, batch_invariance, tier=tier, seed=seed, alpha=alpha,
             vocab=vocab,
         )  # fmt: skip
-    return report, target, invariance
+    fidelity = None
+    if logprobs is not None and target is not None and report.verdict != "error":
+        fidelity = check_logprob_fidelity(decoder.reported, target.raw.get, top=logprobs, tolerance=logprob_tolerance)
+    return report, target, invariance, fidelity
 
 
 def check_endpoint(
@@ -388,6 +394,8 @@ def check_endpoint(
     check_determinism: bool = True,
     top_logprobs: int | None = None,
     vocab_size: int | None = None,
+    logprobs: int | None = None,
+    logprob_tolerance: float = LOGPROB_TOLERANCE,
     progress=None,
     announce=None,
 ):
@@ -490,6 +498,12 @@ def check_endpoint(
         raise InvalidArgument("two_sample=True needs reference_url (the same model served without speculation)")
     if not two_sample:
         check_exact_options(sampling)
+    if logprobs is not None:
+        logprobs = check_int("logprobs", logprobs, minimum=0, maximum=MAX_TOP_LOGPROBS)
+        if two_sample:
+            raise InvalidArgument("logprobs are checked against teacher-forced laws: exact-conditional mode only")
+    if not (isinstance(logprob_tolerance, (int, float)) and 0 < logprob_tolerance < 1):
+        raise InvalidArgument(f"logprob_tolerance must be a number in (0, 1), got {logprob_tolerance!r}")
     if top_logprobs is not None:
         if two_sample:
             raise InvalidArgument("top_logprobs is for exact-conditional mode; two_sample=True asks for no logprobs")
@@ -522,6 +536,7 @@ def check_endpoint(
         **({} if check_determinism else {"check_determinism": False}),
         **({} if top_logprobs is None else {"top_logprobs": top_logprobs}),
         **({} if vocab_size is None else {"vocab_size": vocab_size}),
+        **({} if logprobs is None else {"logprobs": logprobs}),
     }
     scratch = tempfile.TemporaryDirectory() if out_dir is None else None
     try:
@@ -537,11 +552,12 @@ def check_endpoint(
                     if declared is not None and not declared["reachable"]:
                         announce("warning: " + declared["note"])
                     announce(plan.summary(stored=store.loaded))
-                report, target, invariance = _run_battery(
+                report, target, invariance, fidelity = _run_battery(
                     fetcher, under_test, target_side, mode, sampling, vocab, prompt_lists,
                     tier=tier, seed=seed, alpha=alpha, num_samples=num_samples, max_new_tokens=max_new_tokens,
                     samples_per_request=samples_per_request, check_determinism=check_determinism,
                     batch_invariance=batch_invariance, greedy=temperature == 0, top_logprobs=top_logprobs,
+                    logprobs=logprobs, logprob_tolerance=logprob_tolerance,
                 )  # fmt: skip
             except KeyboardInterrupt:
                 fetcher.abort()
@@ -577,8 +593,13 @@ def check_endpoint(
              temperature=temperature, top_k=top_k, top_p=top_p, prompts=prompts, tier=tier, seed=seed, alpha=alpha,
              num_samples=num_samples, max_new_tokens=max_new_tokens, samples_per_request=samples_per_request,
              batch_invariance=batch_invariance or None, check_determinism=None if check_determinism else False,
-             top_logprobs=top_logprobs, vocab_size=vocab_size),
+             top_logprobs=top_logprobs, vocab_size=vocab_size, logprobs=logprobs,
+             logprob_tolerance=None if logprob_tolerance == LOGPROB_TOLERANCE else logprob_tolerance,
+             min_p=min_p, repetition_penalty=None if repetition_penalty == 1.0 else repetition_penalty,
+             frequency_penalty=frequency_penalty or None, presence_penalty=presence_penalty or None,
+             logit_bias=dict(sampling.logit_bias) or None, engine=None if engine == "vllm" else engine),
     )  # fmt: skip
-    return dataclasses.replace(
-        report, implementation=under_test.label, command=command, extra={**report.extra, "endpoint": endpoint}
-    )
+    extra = {**report.extra, "endpoint": endpoint}
+    if fidelity is not None:
+        extra["logprob_fidelity"] = fidelity.to_dict()
+    return dataclasses.replace(report, implementation=under_test.label, command=command, extra=extra)

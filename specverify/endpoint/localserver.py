@@ -38,7 +38,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import torch
 
 from specverify.core.errors import SpecVerifyError
+from specverify.endpoint.fidelity import MAX_TOP_LOGPROBS
 from specverify.endpoint.hostile import MISBEHAVIOURS, gzip_bomb, play, redirect_listing, targets
+from specverify.endpoint.served_logprobs import LOGPROB_FAULTS, choice_logprobs
 from specverify.mutants.decoder import VISIBILITY, fault_visibility, make_decoder_mutant
 from specverify_reference.decoder import SpeculativeDecoder
 from specverify_reference.direct import DirectSampler
@@ -65,8 +67,12 @@ class CompletionServer:
         batch_dependent: bool = False,
         misbehave: str | None = None,
         misbehave_after: int = 0,
+        logprob_fault: str | None = None,
     ):
         self.model_name = model_name
+        if logprob_fault is not None and logprob_fault not in LOGPROB_FAULTS:
+            raise ValueError(f"--logprob-fault must be one of {', '.join(LOGPROB_FAULTS)}, got {logprob_fault!r}")
+        self.logprob_fault = logprob_fault
         self.target, self.drafter = make_pair(vocab_size=vocab_size, seed=seed)
         self.vocab_size = vocab_size
         self.k, self.speculation, self.mutant = k, speculation, mutant
@@ -97,6 +103,8 @@ class CompletionServer:
             seen = fault_visibility(self.mutant)
             line += f"; its fault shows with {seen.when}"
             line += f": audit with {' '.join(seen.audit_with)}" if seen.audit_with else ""
+        if self.logprob_fault:
+            line += f"; planted logprob fault {self.logprob_fault} (the output law is right)"
         if self.misbehave:
             line += f"; misbehaving: {self.misbehave} after {self.misbehave_after} good replies"
         return line
@@ -189,6 +197,12 @@ class CompletionServer:
             with self._lock:
                 self.in_flight -= 1
         prompt_logprobs = None if logprobs is None else self.prompt_logprobs(prompt, logprobs)
+        reported: list[dict | None] = [None] * n
+        if body.get("logprobs") is not None:
+            top = _int(body, "logprobs", 0, 0)
+            if top > (self.vocab_size if self.max_logprobs == -1 else self.max_logprobs) or top > MAX_TOP_LOGPROBS:
+                raise _HttpError(400, f"Requested sample logprobs of {top}, which is greater than max allowed")
+            reported = list(choice_logprobs(self.target, sampling, prompt, tokens, top, self.logprob_fault))
         choices = [
             {
                 "index": i,
@@ -196,6 +210,7 @@ class CompletionServer:
                 "token_ids": row if body.get("return_token_ids") else None,
                 "finish_reason": "length",
                 "prompt_logprobs": prompt_logprobs,
+                "logprobs": reported[i],
             }
             for i, row in enumerate(tokens.tolist())
         ]
@@ -424,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
         help="answer completions as a hostile server (specverify.endpoint.hostile): " + ", ".join(MISBEHAVIOURS),
     )
     parser.add_argument("--misbehave-after", type=int, default=0, metavar="N", help="good replies before it starts")
+    parser.add_argument("--logprob-fault", choices=LOGPROB_FAULTS,
+                        help="a planted fault in the logprobs it reports (specverify.endpoint.served_logprobs)")  # fmt: skip
     parser.add_argument("--tls-cert", metavar="FILE", help="serve https with this certificate (PEM)")
     parser.add_argument("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
     parser.add_argument(
@@ -446,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         batch_dependent=args.batch_dependent,
         misbehave=args.misbehave,
         misbehave_after=args.misbehave_after,
+        logprob_fault=args.logprob_fault,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
     )

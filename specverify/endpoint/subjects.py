@@ -49,6 +49,7 @@ from specverify.endpoint.api import (
     teacher_forcing_reply_bytes,
     top_resolves,
 )
+from specverify.endpoint.fidelity import reported_logprobs
 from specverify.endpoint.http import EndpointError
 from specverify.endpoint.pool import Fetcher, Request
 from specverify_reference.processors import History
@@ -83,6 +84,10 @@ class EndpointDecoder:
         store) instead of being sent again: the battery's determinism check then cannot fail, and
         the law is tested on a server whose seeded outputs are not reproducible (say so in the report).
     vocab_size : int, optional
+    logprobs : int, optional
+        Ask each token's logprob and its ``logprobs`` most likely tokens' (OpenAI's field); what
+        the server reports is kept in :attr:`reported` (prompt -> [(continuation, per-token
+        ``[logprob, [[id, logprob], ...]]``), ...]) for :mod:`specverify.endpoint.fidelity`.
     """
 
     def __init__(
@@ -97,6 +102,7 @@ class EndpointDecoder:
         vocab_size: int | None = None,
         label: str = "",
         repeat_from_store: bool = False,
+        logprobs: int | None = None,
     ):
         if samples_per_request < 1:
             raise InvalidArgument(f"samples_per_request must be >= 1, got {samples_per_request!r}")
@@ -107,6 +113,8 @@ class EndpointDecoder:
             self.vocab_size = int(vocab_size)
         self.label = label or model
         self.repeat_from_store = bool(repeat_from_store)
+        self.logprobs = logprobs
+        self.reported: dict[tuple, list] = {}
         self._calls: Counter = Counter()
 
     def __repr__(self) -> str:
@@ -125,23 +133,33 @@ class EndpointDecoder:
             requests.append(
                 sampling_request(self.role, self.model, self.sampling, ids, n=min(n, num_samples - j * n),
                                  max_tokens=max_new_tokens, seed=request_seed, occurrence=occurrence,
-                                 extra={} if self.seeded else {"index": j}, vocab_size=getattr(self, "vocab_size", None))
+                                 extra={} if self.seeded else {"index": j}, vocab_size=getattr(self, "vocab_size", None),
+                                 logprobs=self.logprobs)
             )  # fmt: skip
         replies = self.fetcher.fetch(requests, what=f"{self.role} samples")
+        if self.logprobs is not None:
+            if occurrence == 0:  # a repeated call (the determinism check) would only repeat the values
+                kept = self.reported.setdefault(tuple(ids), [])
+                kept.extend((tuple(row), values) for reply in replies for row, values in zip(reply[0], reply[1]))
+            replies = [reply[0] for reply in replies]
         rows = [row for reply in replies for row in reply]
         return torch.tensor(rows, dtype=torch.long).reshape(num_samples, max_new_tokens)
 
 
 def sampling_request(role: str, model: str, sampling: Sampling, prompt: list[int], *, n: int, max_tokens: int,
                      seed: int | None, occurrence: int = 0, extra: dict | None = None,
-                     vocab_size: int | None = None) -> Request:  # fmt: skip
-    """The request for ``n`` continuations of ``prompt``; its reply is read as their token ids."""
+                     vocab_size: int | None = None, logprobs: int | None = None) -> Request:  # fmt: skip
+    """The request for ``n`` continuations of ``prompt``; its reply is read as their token ids (and,
+    with ``logprobs``, as ``[token ids, reported logprobs]``: :func:`~specverify.endpoint.fidelity.reported_logprobs`)."""
     upper = MAX_VOCAB if vocab_size is None else int(vocab_size)
 
     def parse(reply):
-        return continuations(reply, n=n, max_tokens=max_tokens, vocab_size=vocab_size)
+        rows = continuations(reply, n=n, max_tokens=max_tokens, vocab_size=vocab_size)
+        if logprobs is None:
+            return rows
+        return [rows, reported_logprobs(reply, n=n, max_tokens=max_tokens, top=logprobs, vocab_size=vocab_size)]
 
-    def check(stored) -> bool:
+    def rows_ok(stored) -> bool:
         return (
             isinstance(stored, list)
             and len(stored) == n
@@ -149,7 +167,14 @@ def sampling_request(role: str, model: str, sampling: Sampling, prompt: list[int
             and all(type(t) is int and 0 <= t < upper for row in stored for t in row)
         )
 
-    body = completion_body(model, prompt, n=n, max_tokens=max_tokens, sampling=sampling, seed=seed)
+    def check(stored) -> bool:
+        if logprobs is None:
+            return rows_ok(stored)
+        return (isinstance(stored, list) and len(stored) == 2 and rows_ok(stored[0])
+                and isinstance(stored[1], list) and len(stored[1]) == n
+                and all(isinstance(r, list) and len(r) == max_tokens for r in stored[1]))  # fmt: skip
+
+    body = completion_body(model, prompt, n=n, max_tokens=max_tokens, sampling=sampling, seed=seed, logprobs=logprobs)
     return Request(role, body, parse=parse, occurrence=occurrence, extra=extra or {}, tokens=n * max_tokens,
                    max_bytes=sampling_reply_bytes(n, max_tokens), check=check)  # fmt: skip
 

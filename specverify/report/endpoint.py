@@ -20,8 +20,16 @@ def _data(report: Report) -> Mapping[str, Any] | None:
 
 
 def rendered_keys(report: Report) -> set[str]:
-    """``{"endpoint"}`` when the report has an endpoint section (so it is not repeated as JSON)."""
-    return {"endpoint"} if _data(report) is not None else set()
+    """``{"endpoint"}`` (and ``"logprob_fidelity"``) when the report has an endpoint section (so they
+    are not repeated as JSON)."""
+    if _data(report) is None:
+        return set()
+    return {"endpoint", "logprob_fidelity"} if _fidelity(report) is not None else {"endpoint"}
+
+
+def _fidelity(report: Report) -> Mapping[str, Any] | None:
+    data = report.extra.get("logprob_fidelity") if isinstance(report.extra, Mapping) else None
+    return data if isinstance(data, Mapping) and isinstance(data.get("line"), str) else None
 
 
 def _sampling(sampling: Any) -> str:
@@ -30,6 +38,12 @@ def _sampling(sampling: Any) -> str:
     parts = [f"temperature {sampling.get('temperature')}"]
     parts += [f"top-k {sampling['top_k']}"] if sampling.get("top_k") is not None else []
     parts += [f"top-p {sampling['top_p']}"] if sampling.get("top_p") is not None else []
+    names = ("min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
+    parts += [f"{name.replace('_', ' ')} {sampling[name]}" for name in names if sampling.get(name) is not None]
+    if isinstance(sampling.get("logit_bias"), Mapping):
+        parts.append("logit bias " + ", ".join(f"{k}: {v:g}" for k, v in sampling["logit_bias"].items()))
+    if sampling.get("engine"):
+        parts.append(f"{sampling['engine']}'s law")
     return ", ".join(parts)
 
 
@@ -66,6 +80,10 @@ def endpoint_items(report: Report) -> list[str]:
         f"Time: {e.get('waiting_seconds', 0)} s with requests in flight; the client alone "
         f"{e.get('client_overhead_seconds', 0)} s{share}."
     )
+    fidelity = _fidelity(report)
+    if fidelity is not None:
+        line = str(fidelity["line"])
+        out.append(line[0].upper() + line[1:] + ".")
     fault = e.get("declared_fault")
     if isinstance(fault, Mapping) and isinstance(fault.get("note"), str):
         out.append(("Note: " if fault.get("reachable") else "Warning: ") + fault["note"] + ".")
