@@ -135,3 +135,19 @@ def test_the_cli_records_logprobs_and_prints_the_fidelity_line(reference, tmp_pa
     markdown = (tmp_path / "report.md").read_text()
     assert "--logprobs 2" in markdown and "Logprob fidelity (raw logprobs, tolerance 0.001): PASS" in markdown
     assert '"logprob_fidelity"' not in markdown  # rendered as a sentence, not repeated as JSON
+
+
+def test_gate_logprobs_makes_a_fidelity_failure_exit_1(tmp_path, capsys):
+    server = Server("--max-logprobs", "-1", "--logprob-fault", "zero")
+    args = ["audit", "--endpoint", server.url, "--model", "tiny-reference", "--logprobs", "1", "--num-samples", "100",
+            "--max-new-tokens", "3", "--samples-per-request", "50", "--skip-determinism", "--no-plots"]  # fmt: skip
+    try:
+        plain = main([*args, "--out", str(tmp_path / "plain")])
+        gated = main([*args, "--out", str(tmp_path / "gated"), "--gate-logprobs"])
+    finally:
+        server.close()
+    out = capsys.readouterr().out
+    assert (plain, gated) == (0, 1) and "logprob fidelity (raw logprobs, tolerance 0.001): FAIL" in out
+    assert "--gate-logprobs" in (tmp_path / "gated" / "report.md").read_text()
+    assert main(["audit", "--endpoint", server.url, "--model", "m", "--gate-logprobs"]) == 2
+    assert "--gate-logprobs needs --logprobs" in capsys.readouterr().err

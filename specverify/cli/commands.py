@@ -287,6 +287,9 @@ def _run_audit(args) -> int:
         print(f"report: {paths.get('html', paths.get('json'))}")
     if report.verdict == "error":  # the implementation could not be tested
         return EXIT_USAGE
+    fidelity = report.extra.get("logprob_fidelity") if isinstance(report.extra, dict) else None
+    if getattr(args, "gate_logprobs", False) and isinstance(fidelity, dict) and fidelity.get("verdict") == "fail":
+        return EXIT_FAIL  # the law may pass: the reported logprobs were asked to gate too
     return EXIT_PASS if report.passed else EXIT_FAIL
 
 

@@ -57,6 +57,8 @@ def add_arguments(audit) -> None:
                        "the teacher-forced raw laws (logprob fidelity, on its own line; exact-conditional mode)")  # fmt: skip
     group.add_argument("--logprob-tolerance", type=positive_float, default=None, metavar="TOL",
                        help="absolute tolerance of the logprob fidelity check (default 1e-3)")  # fmt: skip
+    group.add_argument("--gate-logprobs", action="store_true",
+                       help="exit 1 when logprob fidelity fails, even if the law passes (needs --logprobs)")  # fmt: skip
     group.add_argument("--law-of", choices=LAWS, default="vllm", dest="law_of",
                        help="whose documented sampling law the server follows: the cuts' order and what the "
                        "penalties count (default vllm)")  # fmt: skip
@@ -136,6 +138,8 @@ def _check(args) -> None:
         raise InvalidArgument("--two-sample needs --reference-endpoint URL (the same model without speculation)")
     if args.greedy:
         raise InvalidArgument("--endpoint: ask for greedy decoding with --temperature 0")
+    if args.gate_logprobs and args.logprobs is None:
+        raise InvalidArgument("--gate-logprobs needs --logprobs L (the logprobs to check)")
 
 
 def logit_bias(pairs: list[str]) -> dict[int, float]:
@@ -181,6 +185,8 @@ def endpoint_argv(args) -> list[str]:
         argv += ["--logprobs", str(args.logprobs)]
     if args.logprob_tolerance is not None:
         argv += ["--logprob-tolerance", f"{args.logprob_tolerance:g}"]
+    if args.gate_logprobs:
+        argv.append("--gate-logprobs")
     if args.prompts:
         argv += ["--prompts", args.prompts]
     for flag in ("num_samples", "max_new_tokens"):
