@@ -374,11 +374,13 @@ def logits_to_probs(
         raise InvalidArgument(
             f"out must have shape {tuple(logits.shape)} and dtype {dtype}, got {tuple(out.shape)} {out.dtype}"
         )
+    cut_out = out  # where the cuts may write: not over logits that the adjustment copied away from
     if config.adjusts_logits:
         adjusted = adjust_logits(logits, config, history, in_place=out is logits)
-        out = adjusted if out is logits else out
+        if out is logits and adjusted is not logits:
+            cut_out = None  # the law is copied into ``out`` below
         logits, config = adjusted, config.cuts()
-    probs = _cut_probs(logits, config, dtype, out)
+    probs = _cut_probs(logits, config, dtype, cut_out)
     if out is None or probs is out:
         return probs
     return out.copy_(probs)

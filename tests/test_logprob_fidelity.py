@@ -18,6 +18,7 @@ from _servers import Server
 
 from specverify.cli import main
 from specverify.core.errors import InvalidArgument
+from specverify.endpoint.api import BYTES_PER_LOGPROB, sampling_reply_bytes
 from specverify.endpoint.checks import check_endpoint
 from specverify.endpoint.fidelity import check_logprob_fidelity, reported_logprobs
 from specverify.endpoint.http import EndpointError
@@ -151,3 +152,10 @@ def test_gate_logprobs_makes_a_fidelity_failure_exit_1(tmp_path, capsys):
     assert "--gate-logprobs" in (tmp_path / "gated" / "report.md").read_text()
     assert main(["audit", "--endpoint", server.url, "--model", "m", "--gate-logprobs"]) == 2
     assert "--gate-logprobs needs --logprobs" in capsys.readouterr().err
+
+
+def test_a_reply_with_logprobs_may_hold_its_top_lists_and_no_more():
+    """The client's byte cap on a sampling reply grows by the asked entries per token, nothing else."""
+    plain = sampling_reply_bytes(50, 8)
+    assert sampling_reply_bytes(50, 8, 20) - plain == 50 * 8 * 21 * BYTES_PER_LOGPROB
+    assert sampling_reply_bytes(50, 8, None) == plain

@@ -176,7 +176,7 @@ def sampling_request(role: str, model: str, sampling: Sampling, prompt: list[int
 
     body = completion_body(model, prompt, n=n, max_tokens=max_tokens, sampling=sampling, seed=seed, logprobs=logprobs)
     return Request(role, body, parse=parse, occurrence=occurrence, extra=extra or {}, tokens=n * max_tokens,
-                   max_bytes=sampling_reply_bytes(n, max_tokens), check=check)  # fmt: skip
+                   max_bytes=sampling_reply_bytes(n, max_tokens, logprobs), check=check)  # fmt: skip
 
 
 def _kept_tops(sequence: list[int], keep: list[int], top: int, vocab_size: int):
