@@ -1,4 +1,4 @@
-"""What penalties and a logit bias cost the reference decoder and the exact analysis (a script, not a test).
+"""What penalties, a logit bias or a grammar cost the reference decoder and the exact analysis (a script, not a test).
 
 For each vocabulary size, runs of the decoder core -- one prompt, ``--samples`` continuations of
 8 tokens from the reference speculative decoder (float64 forward, K = 4), then the teacher-forced
@@ -6,10 +6,11 @@ conditionals of every sampled prefix summed block by block, as the exact analysi
 (temperature 1) and under vLLM's penalties (repetition 1.3, frequency 0.5, presence 0.3, a bias on
 two ids), alternating plain / penalised so that a shared machine's drift cancels.  Prints one JSON
 line per run and the time ratio penalised / plain: the geometric mean over the pairs with a 95% t
-interval on the log ratios.
+interval on the log ratios.  ``--variant structured`` times a JSON-schema grammar instead (vLLM's
+law; the masks from xgrammar, every prefix replayed, for the decoder and the teacher-forced laws).
 
 Usage: python benchmarks/bench_penalties.py [--vocab 64 32000] [--samples 500] [--pairs 3]
-       [--json benchmarks/results/penalties_paired.jsonl]
+       [--variant penalised|structured] [--json benchmarks/results/penalties_paired.jsonl]
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from scipy import stats
 from specverify.decoder.protocol import summed_conditionals
 from specverify_reference.decoder import SpeculativeDecoder
 from specverify_reference.direct import TargetAdapter
+from specverify_reference.grammar import Grammar
 from specverify_reference.models import make_pair
 from specverify_reference.processors import SamplingConfig
 
@@ -33,6 +35,13 @@ PLAIN = SamplingConfig(engine="vllm")
 PENALISED = SamplingConfig(
     engine="vllm", repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.3, logit_bias={3: 2.0, 7: -1.0}
 )
+STRUCTURED = SamplingConfig(
+    engine="vllm",
+    grammar=Grammar(
+        "json_schema", {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    ),
+)
+VARIANTS = {"penalised": PENALISED, "structured": STRUCTURED}
 
 
 def run(V: int, sampling: SamplingConfig, samples: int) -> float:
@@ -62,6 +71,7 @@ def main(argv=None) -> int:
     parser.add_argument("--vocab", type=int, nargs="+", default=[64, 32000])
     parser.add_argument("--samples", type=int, default=500)
     parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--variant", choices=sorted(VARIANTS), default="penalised")
     parser.add_argument("--json", default=None, help="append the runs' JSON lines to this file")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
@@ -69,13 +79,17 @@ def main(argv=None) -> int:
     for V in args.vocab:
         ratios = []
         for pair in range(args.pairs):
-            seconds = {name: run(V, cfg, args.samples) for name, cfg in (("plain", PLAIN), ("penalised", PENALISED))}
-            ratios.append(seconds["penalised"] / seconds["plain"])
+            variant = VARIANTS[args.variant]
+            seconds = {name: run(V, cfg, args.samples) for name, cfg in (("plain", PLAIN), (args.variant, variant))}
+            ratios.append(seconds[args.variant] / seconds["plain"])
             line = {"vocab": V, "samples": args.samples, "pair": pair, **{k: round(v, 3) for k, v in seconds.items()}}
             lines.append(line)
             print(json.dumps(line), flush=True)
         mean, low, high = ratio_interval(ratios)
-        print(f"V = {V:,}: penalised / plain = {mean:.3f} [{low:.3f}, {high:.3f}] over {len(ratios)} pairs", flush=True)
+        print(
+            f"V = {V:,}: {args.variant} / plain = {mean:.3f} [{low:.3f}, {high:.3f}] over {len(ratios)} pairs",
+            flush=True,
+        )
     if args.json:
         with open(args.json, "a") as handle:
             handle.writelines(json.dumps(line) + "\n" for line in lines)

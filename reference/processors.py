@@ -52,10 +52,12 @@ from dataclasses import dataclass
 import torch
 
 from specverify.core.errors import InvalidArgument
+from specverify_reference.grammar import Grammar, allowed_masks
 from specverify_reference.penalties import History, penalise
 
 __all__ = [
     "ENGINES",
+    "Grammar",
     "adjust_logits",
     "History",
     "SamplingConfig",
@@ -96,6 +98,10 @@ class SamplingConfig:
     penalty_last_n : int or None
         ``"llama.cpp"`` only: the window of the penalties (llama-server's default is 64; None is
         the whole history, ``-1`` in llama.cpp).
+    grammar : Grammar or None
+        A structured-output constraint (:mod:`specverify_reference.grammar`): before every other
+        processor, the tokens the grammar does not allow after the output so far get logit
+        ``-inf`` (vLLM's order; the mask is lifted once the grammar has terminated).
     """
 
     temperature: float = 1.0
@@ -108,10 +114,13 @@ class SamplingConfig:
     presence_penalty: float = 0.0
     logit_bias: tuple = ()
     penalty_last_n: int | None = None
+    grammar: Grammar | None = None
 
     def __post_init__(self):
         self._check_cuts()
         self._check_penalties()
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise InvalidArgument(f"grammar must be None or a Grammar, got {self.grammar!r}")
 
     def _check_cuts(self):
         t = self.temperature
@@ -156,19 +165,24 @@ class SamplingConfig:
 
     @property
     def needs_history(self) -> bool:
-        """True when a law depends on the tokens before it (a penalty is on)."""
+        """True when a law depends on the tokens before it (a penalty or a grammar is on)."""
+        return self.penalised or self.grammar is not None
+
+    @property
+    def penalised(self) -> bool:
+        """True when a repetition, frequency or presence penalty is on."""
         return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
     @property
     def adjusts_logits(self) -> bool:
-        """True when logits change before the temperature (a penalty or a logit bias)."""
+        """True when logits change before the temperature (a penalty, a grammar or a logit bias)."""
         return self.needs_history or bool(self.logit_bias)
 
     def cuts(self) -> SamplingConfig:
-        """The same configuration without its penalties and logit bias (what follows them)."""
+        """The same configuration without its grammar, penalties and logit bias (what follows them)."""
         return dataclasses.replace(
             self, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0, logit_bias=(),
-            penalty_last_n=None,
+            penalty_last_n=None, grammar=None,
         )  # fmt: skip
 
 
@@ -299,16 +313,18 @@ def _top_k_law(
 def adjust_logits(
     logits: torch.Tensor, config: SamplingConfig, history: History | None = None, *, in_place: bool = False
 ) -> torch.Tensor:
-    """The logits after ``config``'s logit bias and penalties, float64 (..., V).
+    """The logits after ``config``'s grammar mask, logit bias and penalties, float64 (..., V).
 
-    ``history`` says which tokens each law conditions on (needed when a penalty is on; its
+    ``history`` says which tokens each law conditions on (needed when a penalty or a grammar is on; its
     ``ends`` (B, n) must match ``logits`` (B, n, V) or (B, V) with n = 1).  ``in_place`` writes
     over float64 contiguous ``logits``; otherwise a copy is made (only when something changes).
     """
     if not config.adjusts_logits:
         return logits
     if config.needs_history and not isinstance(history, History):
-        raise InvalidArgument(f"penalties need the history each law conditions on (a History), got {history!r}")
+        raise InvalidArgument(
+            f"penalties and grammars need the history each law conditions on (a History), got {history!r}"
+        )
     V = logits.shape[-1]
     own = in_place and logits.dtype == torch.float64 and logits.is_contiguous()
     adjusted = logits if own else logits.to(torch.float64, copy=True).contiguous()
@@ -327,6 +343,9 @@ def adjust_logits(
             adjusted.view(B, n, V), history, engine=config.engine, repetition=config.repetition_penalty,
             frequency=config.frequency_penalty, presence=config.presence_penalty, last_n=config.penalty_last_n,
         )  # fmt: skip
+        if config.grammar is not None:  # -inf stays -inf under the bias and the penalties: the order is vLLM's
+            allowed = allowed_masks(config.grammar, history, V).to(adjusted.device)  # (B, n, V)
+            adjusted.view(B, n, V).masked_fill_(~allowed, -math.inf)
     return adjusted
 
 

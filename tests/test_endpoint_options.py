@@ -11,7 +11,10 @@ the whole vocabulary when an unlisted token could pass it.
 
 from __future__ import annotations
 
+import json
 import math
+import urllib.error
+import urllib.request
 
 import numpy as np
 import pytest
@@ -159,3 +162,41 @@ def test_the_cli_offers_every_engine_law():
     assert Sampling(logit_bias={3: -100}).fields()["logit_bias"] == {"3": -100.0}
     with pytest.raises(InvalidArgument, match="finite"):
         Sampling(logit_bias={3: -math.inf})
+
+
+#: Structured output over the local server's synthetic vocabulary (64 tokens: ``{}":, ``, a-z, 0-9, ...).
+REGEX = "[a-d]+( [a-d]+)*"
+STRUCTURED = dict(temperature=0.9, frequency_penalty=0.3, grammar={"kind": "regex", "source": REGEX})
+
+
+@pytest.mark.parametrize("mutant", [None, "grammar_first_row_only"])
+def test_structured_output_the_reference_passes_and_the_grammar_mutant_fails(tmp_path, mutant):
+    """vLLM's structured_outputs sent, and each teacher-forced law masked by xgrammar after its prefix."""
+    pytest.importorskip("xgrammar")
+    server = Server("--max-logprobs", "-1", *(("--mutant", mutant) if mutant else ()))
+    try:
+        report = check_endpoint(server.url, "tiny-reference", out_dir=tmp_path, **STRUCTURED, **SMALL)
+    finally:
+        server.close()
+    assert report.verdict == ("fail" if mutant else "pass"), report.summary()
+    assert report.extra["endpoint"]["sampling"]["grammar"] == {"kind": "regex", "source": REGEX}
+    assert "grammar={'kind': 'regex'" in report.command
+
+
+def test_structured_output_options_are_recorded_and_checked(servers, tmp_path, capsys):
+    pytest.importorskip("xgrammar")
+    status = main(["audit", "--endpoint", servers["reference"].url, "--model", "tiny-reference",
+                   "--num-samples", "100", "--max-new-tokens", "3", "--samples-per-request", "50",
+                   "--json-schema", '{"type": "object"}', "--skip-determinism", "--out", str(tmp_path),
+                   "--no-plots"])  # fmt: skip
+    assert status in (0, 1)
+    assert """--json-schema '{"type": "object"}'""" in (tmp_path / "report.md").read_text()
+    capsys.readouterr()
+    assert main(["audit", "--endpoint", servers["reference"].url, "--model", "m", "--regex", "a", "--ebnf", "x"]) == 2
+    assert "at most one" in capsys.readouterr().err
+    body = {"model": "tiny-reference", "prompt": [1], "max_tokens": 2, "structured_outputs": {"regex": "(a"}}
+    request = urllib.request.Request(servers["reference"].url + "/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})  # fmt: skip
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 400 and b"cannot compile" in refused.value.read()

@@ -6,6 +6,8 @@ hold); and whole audits of the local server (V = 64): the reference passes both 
 fidelity check, and each planted logprob fault (``zero``: llama.cpp #27972; ``first_only``:
 llama.cpp PR #27196; ``processed``: vLLM V0's semantics where V1's raw ones are documented) leaves
 the law verdict passing and fails fidelity -- "the law is right but the reported logprobs are not".
+With a reference endpoint the server under test's prompt logprobs are checked too (``prompt_draft``:
+prompts scored by the drafter, a modelled fault).
 """
 
 from __future__ import annotations
@@ -159,3 +161,27 @@ def test_a_reply_with_logprobs_may_hold_its_top_lists_and_no_more():
     plain = sampling_reply_bytes(50, 8)
     assert sampling_reply_bytes(50, 8, 20) - plain == 50 * 8 * 21 * BYTES_PER_LOGPROB
     assert sampling_reply_bytes(50, 8, None) == plain
+
+
+@pytest.mark.parametrize("fault", [None, "prompt_draft"])
+def test_prompt_logprobs_are_checked_against_the_reference_endpoint(reference, tmp_path, fault):
+    """With a reference endpoint, the server under test's prompt logprobs of sampled sequences are the
+    reference's teacher-forced raw laws; a server scoring prompts with its drafter fails that line only."""
+    server = Server("--max-logprobs", "-1", *(("--logprob-fault", fault) if fault else ()))
+    try:
+        report = check_endpoint(server.url, "tiny-reference", reference_url=reference.url, logprobs=2,
+                                out_dir=tmp_path, temperature=0.8, **SMALL)  # fmt: skip
+    finally:
+        server.close()
+    fidelity = report.extra["logprob_fidelity"]
+    sampled, prompt = fidelity["verdict"], fidelity["prompt"]
+    assert report.passed and fidelity["tokens_checked"] >= 2 * 300 * 4, report.summary()
+    # 2 prompts x 8 sequences x 4 positions: every listed top-2 entry checked, the token's own where listed
+    assert prompt["top_entries_checked"] == 2 * 8 * 4 * 2 and prompt["tokens_checked"] > 0
+    if fault is None:
+        assert sampled == prompt["verdict"] == "pass" and prompt["max_abs_error"] < 1e-4
+        assert "; prompt logprob fidelity (raw logprobs, tolerance 0.001): PASS" in report.summary()
+    else:
+        assert sampled == prompt["verdict"] == "fail" and prompt["mismatches"] > 0
+        assert "logprob fidelity (raw logprobs, tolerance 0.001): PASS -- " in fidelity["line"]  # the sampled ones
+        assert "prompt logprob fidelity (raw logprobs, tolerance 0.001): FAIL" in fidelity["line"]

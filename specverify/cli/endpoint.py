@@ -59,6 +59,12 @@ def add_arguments(audit) -> None:
                        help="absolute tolerance of the logprob fidelity check (default 1e-3)")  # fmt: skip
     group.add_argument("--gate-logprobs", action="store_true",
                        help="exit 1 when logprob fidelity fails, even if the law passes (needs --logprobs)")  # fmt: skip
+    group.add_argument("--json-schema", metavar="SCHEMA", dest="json_schema",
+                       help="structured output: a JSON schema (its JSON text) every request's output must follow, "
+                       "sent as vLLM's structured_outputs; the laws apply its mask per prefix (xgrammar)")  # fmt: skip
+    group.add_argument("--regex", metavar="PATTERN", help="structured output: a regular expression (as --json-schema)")
+    group.add_argument("--ebnf", metavar="GRAMMAR", help="structured output: an EBNF grammar, root rule 'root' "
+                       "(as --json-schema)")  # fmt: skip
     group.add_argument("--law-of", choices=LAWS, default="vllm", dest="law_of",
                        help="whose documented sampling law the server follows: the cuts' order and what the "
                        "penalties count (default vllm)")  # fmt: skip
@@ -140,6 +146,21 @@ def _check(args) -> None:
         raise InvalidArgument("--endpoint: ask for greedy decoding with --temperature 0")
     if args.gate_logprobs and args.logprobs is None:
         raise InvalidArgument("--gate-logprobs needs --logprobs L (the logprobs to check)")
+    grammar(args)  # at most one, and it parses
+
+
+#: The structured-output options: argument name -> grammar kind.
+GRAMMAR_OPTIONS = {"json_schema": "json_schema", "regex": "regex", "ebnf": "ebnf"}
+
+
+def grammar(args):
+    """The audit's grammar (a :class:`~specverify_reference.grammar.Grammar`) or None."""
+    from specverify_reference.grammar import Grammar
+
+    given = [name for name in GRAMMAR_OPTIONS if getattr(args, name, None) is not None]
+    if len(given) > 1:
+        raise InvalidArgument(f"give at most one of {', '.join('--' + n.replace('_', '-') for n in given)}")
+    return Grammar(GRAMMAR_OPTIONS[given[0]], getattr(args, given[0])) if given else None
 
 
 def logit_bias(pairs: list[str]) -> dict[int, float]:
@@ -179,6 +200,9 @@ def endpoint_argv(args) -> list[str]:
             argv += ["--" + flag.replace("_", "-"), f"{getattr(args, flag):g}"]
     for token, bias in sorted(logit_bias(args.logit_bias).items()):
         argv += ["--logit-bias", f"{token}={bias:g}"]
+    constraint = grammar(args)
+    if constraint is not None:
+        argv += ["--" + constraint.kind.replace("_", "-"), constraint.source]
     if args.law_of != "vllm":
         argv += ["--law-of", args.law_of]
     if args.logprobs is not None:
@@ -251,6 +275,7 @@ def _check_endpoint(args, progress, announce):
         presence_penalty=args.presence_penalty,
         logit_bias=logit_bias(args.logit_bias),
         engine=args.law_of,
+        grammar=grammar(args),
         logprobs=args.logprobs,
         **({} if args.logprob_tolerance is None else {"logprob_tolerance": args.logprob_tolerance}),
         prompts=args.prompts,

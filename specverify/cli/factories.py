@@ -20,6 +20,7 @@ from specverify.core.errors import InvalidArgument
 from specverify.verifier import zoo
 from specverify_reference.decoder import SpeculativeDecoder
 from specverify_reference.direct import DirectSampler, TargetAdapter
+from specverify_reference.grammar import GRAMMAR_KINDS, Grammar
 from specverify_reference.models import make_pair
 from specverify_reference.processors import SamplingConfig
 
@@ -43,11 +44,17 @@ PENALTY_OPTIONS = (
 
 
 def _sampling(temperature: float, top_k, top_p, min_p, options: dict) -> SamplingConfig:
-    unknown = sorted(set(options) - set(PENALTY_OPTIONS))
+    """The factories' :class:`SamplingConfig`; a ``json_schema``, ``regex`` or ``ebnf`` option is its grammar."""
+    unknown = sorted(set(options) - set(PENALTY_OPTIONS) - set(GRAMMAR_KINDS))
     if unknown:
         raise InvalidArgument(f"unknown option(s) {', '.join(unknown)}; the sampling options are temperature, "
-                              f"top_k, top_p, min_p, {', '.join(PENALTY_OPTIONS)}")  # fmt: skip
-    return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, **options)
+                              f"top_k, top_p, min_p, {', '.join(PENALTY_OPTIONS + GRAMMAR_KINDS)}")  # fmt: skip
+    options = dict(options)
+    grammars = [Grammar(kind, options.pop(kind)) for kind in GRAMMAR_KINDS if kind in options]
+    if len(grammars) > 1:
+        raise InvalidArgument(f"give at most one of {', '.join(GRAMMAR_KINDS)}, got {len(grammars)}")
+    grammar = grammars[0] if grammars else None
+    return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, grammar=grammar, **options)
 
 
 def _forward_dtype(dtype: str) -> torch.dtype:
@@ -83,7 +90,9 @@ def reference_decoder(
     """The reference speculative decoder on a seeded tiny transformer pair (early-exit drafter), float64 forward.
 
     ``penalties``: ``engine``, ``repetition_penalty``, ``frequency_penalty``, ``presence_penalty``,
-    ``logit_bias``, ``penalty_last_n`` (:class:`SamplingConfig`; the target's factory takes the same).
+    ``logit_bias``, ``penalty_last_n`` (:class:`SamplingConfig`; the target's factory takes the same),
+    and at most one grammar, ``json_schema``, ``regex`` or ``ebnf`` (its source, over the tiny
+    model's :func:`~specverify_reference.grammar.synthetic_vocabulary`).
     """
     target, draft_model = make_pair(vocab_size=vocab_size, seed=seed, drafter=drafter, dtype=_forward_dtype(dtype))
     sampling = _sampling(temperature, top_k, top_p, min_p, penalties)

@@ -23,6 +23,7 @@ Two requests, both ``POST /v1/completions`` with the prompt as a list of token i
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import reprlib
@@ -33,6 +34,7 @@ import torch
 
 from specverify.core.errors import InvalidArgument
 from specverify.endpoint.http import EndpointError, server_text
+from specverify_reference.grammar import Grammar
 from specverify_reference.processors import History, SamplingConfig, adjust_logits, logits_to_probs
 
 __all__ = [
@@ -78,7 +80,10 @@ class Sampling:
     ``logit_bias`` are off (not sent).  Temperature 0 is greedy.  ``engine`` names whose law the
     server documents (:data:`specverify_reference.processors.ENGINES`; vLLM's by default: the
     order of the cuts, what the penalties count); it is not sent.  ``logit_bias`` is sent as
-    OpenAI's ``{"id": bias}``.
+    OpenAI's ``{"id": bias}``.  ``grammar`` is sent as vLLM's ``structured_outputs`` (``json``,
+    ``regex`` or ``grammar``); the teacher-forced laws then apply its mask per prefix, over the
+    token strings of :func:`~specverify_reference.grammar.synthetic_vocabulary` (the local
+    server's; two-sample mode needs no token strings).
     """
 
     temperature: float = 1.0
@@ -90,6 +95,7 @@ class Sampling:
     presence_penalty: float = 0.0
     logit_bias: tuple = ()
     engine: str = "vllm"
+    grammar: Grammar | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "logit_bias", self.config().logit_bias)  # validates (InvalidArgument naming it)
@@ -103,7 +109,7 @@ class Sampling:
         return SamplingConfig(
             temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p, engine=self.engine,
             repetition_penalty=self.repetition_penalty, frequency_penalty=self.frequency_penalty,
-            presence_penalty=self.presence_penalty, logit_bias=self.logit_bias,
+            presence_penalty=self.presence_penalty, logit_bias=self.logit_bias, grammar=self.grammar,
         )  # fmt: skip
 
     def record(self) -> dict:
@@ -113,6 +119,9 @@ class Sampling:
         out.update({k: v for k, v in self.fields().items() if k not in out})
         if self.engine != "vllm":
             out["engine"] = self.engine
+        if self.grammar is not None:
+            out["grammar"] = self.grammar.record()
+            del out["structured_outputs"]
         return out
 
     def fields(self) -> dict:
@@ -125,7 +134,20 @@ class Sampling:
                 out[name] = float(getattr(self, name))
         if self.logit_bias:
             out["logit_bias"] = {str(token): bias for token, bias in self.logit_bias}
+        if self.grammar is not None:
+            out["structured_outputs"] = structured_outputs(self.grammar)
         return out
+
+
+#: vLLM's ``structured_outputs`` field of each grammar kind.
+STRUCTURED_FIELDS = {"json_schema": "json", "regex": "regex", "ebnf": "grammar"}
+
+
+def structured_outputs(grammar: Grammar) -> dict:
+    """vLLM's ``structured_outputs`` request field for ``grammar``: ``{"json": schema}``, ``{"regex": ...}``
+    or ``{"grammar": ebnf}``."""
+    value = json.loads(grammar.source) if grammar.kind == "json_schema" else grammar.source
+    return {STRUCTURED_FIELDS[grammar.kind]: value}
 
 
 def completion_body(

@@ -48,9 +48,11 @@ from specverify.endpoint.http import EndpointError, HttpClient, Limits, key_vari
 from specverify.endpoint.invariance import SCENARIO as INVARIANCE_SCENARIO
 from specverify.endpoint.invariance import batch_invariance as batch_invariance_tests
 from specverify.endpoint.pool import Fetcher
+from specverify.endpoint.prompt_fidelity import check_prompt_logprob_fidelity, combined
 from specverify.endpoint.store import SampleStore
 from specverify.endpoint.subjects import EndpointDecoder, EndpointTarget, check_exact_options, check_top_logprobs
 from specverify.mutants.decoder import VISIBILITY
+from specverify_reference.grammar import Grammar
 
 __all__ = ["check_endpoint", "EndpointPlan", "AuditInterrupted", "declared_fault", "plan_requests", "TOLERANCE_NOTE"]
 
@@ -355,7 +357,12 @@ def _run_battery(fetcher, under_test, target_side, mode, sampling, vocab, prompt
         )  # fmt: skip
     fidelity = None
     if logprobs is not None and target is not None and report.verdict != "error":
-        fidelity = check_logprob_fidelity(decoder.reported, target.raw.get, top=logprobs, tolerance=logprob_tolerance)
+        sampled = check_logprob_fidelity(decoder.reported, target.raw.get, top=logprobs, tolerance=logprob_tolerance)
+        prompt = None
+        if target_side is not under_test and fetcher.failure is None:  # a reference endpoint gives the laws
+            prompt = check_prompt_logprob_fidelity(fetcher, under_test.model, decoder.reported, target.raw.get,
+                                                   top=logprobs, vocab_size=target.vocab_size, tolerance=logprob_tolerance)  # fmt: skip
+        fidelity = combined(sampled, prompt)
     return report, target, invariance, fidelity
 
 
@@ -375,6 +382,7 @@ def check_endpoint(
     presence_penalty: float = 0.0,
     logit_bias=(),
     engine: str = "vllm",
+    grammar=None,
     prompts=None,
     tier: str = "smoke",
     seed: int = 0,
@@ -418,6 +426,10 @@ def check_endpoint(
         Whose documented law the server follows (``"vllm"``, ``"llama.cpp"``; ``"hf"``): the order of
         the cuts and what the penalties count (:mod:`specverify_reference.penalties`); the laws
         after each prefix are processed with it, the prompt's tokens and the output's told apart.
+    grammar : Grammar or its record ``{"kind", "source"}``, optional
+        A structured-output constraint (:class:`specverify_reference.grammar.Grammar`), sent as vLLM's
+        ``structured_outputs``; exact mode masks each teacher-forced law with it, over the local
+        server's :func:`~specverify_reference.grammar.synthetic_vocabulary`.
         (``None``: off) and applied to the raw logprobs.
     prompts : list of token-id lists, or a path to a JSON file holding one, optional
         Default: prompts derived from ``seed`` and the vocabulary.
@@ -489,6 +501,7 @@ def check_endpoint(
     sampling = Sampling(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
         frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, logit_bias=logit_bias, engine=engine,
+        grammar=Grammar.of(grammar),
     )  # fmt: skip
     concurrency = check_int("concurrency", concurrency, minimum=1)
     samples_per_request = check_int("samples_per_request", samples_per_request, minimum=1)
@@ -597,9 +610,10 @@ def check_endpoint(
              logprob_tolerance=None if logprob_tolerance == LOGPROB_TOLERANCE else logprob_tolerance,
              min_p=min_p, repetition_penalty=None if repetition_penalty == 1.0 else repetition_penalty,
              frequency_penalty=frequency_penalty or None, presence_penalty=presence_penalty or None,
-             logit_bias=dict(sampling.logit_bias) or None, engine=None if engine == "vllm" else engine),
+             logit_bias=dict(sampling.logit_bias) or None, engine=None if engine == "vllm" else engine,
+             grammar=None if sampling.grammar is None else sampling.grammar.record()),
     )  # fmt: skip
     extra = {**report.extra, "endpoint": endpoint}
     if fidelity is not None:
-        extra["logprob_fidelity"] = fidelity.to_dict()
+        extra["logprob_fidelity"] = fidelity
     return dataclasses.replace(report, implementation=under_test.label, command=command, extra=extra)

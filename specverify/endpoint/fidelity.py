@@ -110,6 +110,8 @@ class LogprobFidelity:
         The largest difference seen (0 when nothing was checked).
     first_mismatch : dict or None
         The first mismatch: prompt, prefix length, token, reported and teacher-forced values.
+    what : str
+        Which logprobs: ``"logprob fidelity"`` (the sampled tokens') or ``"prompt logprob fidelity"``.
     """
 
     verdict: str
@@ -121,10 +123,11 @@ class LogprobFidelity:
     mismatches: int
     max_abs_error: float
     first_mismatch: Mapping[str, Any] | None = field(default=None)
+    what: str = "logprob fidelity"
 
     def line(self) -> str:
         """One line for the summary: ``logprob fidelity: PASS (2,400 tokens, ...)``."""
-        head = f"logprob fidelity ({self.semantics} logprobs, tolerance {self.tolerance:g}): {self.verdict.upper()}"
+        head = f"{self.what} ({self.semantics} logprobs, tolerance {self.tolerance:g}): {self.verdict.upper()}"
         counts = (
             f"{self.tokens_checked:,} emitted tokens and {self.top_entries_checked:,} top entries checked, "
             f"{self.mismatches:,} beyond the tolerance, largest difference {self.max_abs_error:.3g}"
@@ -145,6 +148,7 @@ class LogprobFidelity:
             "tokens_checked": self.tokens_checked, "top_entries_checked": self.top_entries_checked,
             "unchecked": self.unchecked, "mismatches": self.mismatches, "max_abs_error": self.max_abs_error,
             "first_mismatch": dict(self.first_mismatch) if self.first_mismatch else None, "line": self.line(),
+            "what": self.what,
         }  # fmt: skip
 
 
@@ -154,13 +158,15 @@ def check_logprob_fidelity(
     *,
     top: int = 0,
     tolerance: float = LOGPROB_TOLERANCE,
+    what: str = "logprob fidelity",
 ) -> LogprobFidelity:
     """Compare reported logprobs with the teacher-forced raw laws.
 
     Parameters
     ----------
     reported : mapping
-        prompt (tuple of ids) -> [(continuation, per-token ``[logprob, [[id, logprob], ...]]``), ...].
+        prompt (tuple of ids) -> [(continuation, per-token ``[logprob, [[id, logprob], ...]]``), ...]
+        (a token's own logprob None: not reported, counted as unchecked).
     raw_law : callable
         prefix (tuple of ids) -> the raw law after it: a (V,) array of log-probabilities, an
         ``(ids, values)`` pair (a top-M law), or None (not fetched).
@@ -170,6 +176,8 @@ def check_logprob_fidelity(
         out of that comparison).
     tolerance : float
         Absolute tolerance on each log-probability.
+    what : str
+        The check's name in its verdict line.
     """
     checked = tops = unchecked = mismatches = 0
     worst = 0.0
@@ -196,7 +204,7 @@ def check_logprob_fidelity(
                     continue
                 token = int(continuation[j])
                 target = lookup(token)
-                if target is None:
+                if target is None or value is None:
                     unchecked += 1
                 else:
                     checked += 1
@@ -214,7 +222,7 @@ def check_logprob_fidelity(
                             f"a more likely token left out of the top {top} (reported: the {top}-th listed value)")  # fmt: skip
     verdict = "not checked" if checked + tops == 0 else ("fail" if mismatches else "pass")
     return LogprobFidelity(verdict, "raw", float(tolerance), checked, tops, unchecked, mismatches,
-                           0.0 if worst == 0.0 else float(worst), first)  # fmt: skip
+                           0.0 if worst == 0.0 else float(worst), first, what)  # fmt: skip
 
 
 def _left_out(law, listed, top: int, tolerance: float) -> tuple[int, float, float] | None:

@@ -44,6 +44,7 @@ from specverify.endpoint.served_logprobs import LOGPROB_FAULTS, choice_logprobs
 from specverify.mutants.decoder import VISIBILITY, fault_visibility, make_decoder_mutant
 from specverify_reference.decoder import SpeculativeDecoder
 from specverify_reference.direct import DirectSampler
+from specverify_reference.grammar import Grammar, compiles
 from specverify_reference.models import make_pair
 from specverify_reference.processors import SamplingConfig
 
@@ -172,6 +173,11 @@ class CompletionServer:
             raise _HttpError(400, f"prompt token ids must be in [0, {self.vocab_size})")
         n, max_tokens = _int(body, "n", 1, 1), _int(body, "max_tokens", 16, 1)
         sampling = _sampling(body)
+        if sampling.grammar is not None:
+            try:
+                compiles(sampling.grammar, self.vocab_size)
+            except SpecVerifyError as error:
+                raise _HttpError(400, str(error)) from None
         if any(token >= self.vocab_size for token, _ in sampling.logit_bias):
             raise _HttpError(400, f"logit_bias token ids must be in [0, {self.vocab_size})")
         seed = body.get("seed")
@@ -224,8 +230,9 @@ class CompletionServer:
 
     def prompt_logprobs(self, prompt: list[int], top: int) -> list:
         """vLLM's prompt_logprobs: None, then per token the raw logprobs of the top ``top`` tokens (-1: all) and the token's own."""
+        model = self.drafter if self.logprob_fault == "prompt_draft" else self.target  # the planted fault
         with torch.no_grad():
-            logits = self.target(torch.tensor([prompt]))[0, :-1].double()  # (S - 1, V)
+            logits = model(torch.tensor([prompt]))[0, :-1].double()  # (S - 1, V)
         logprobs = torch.log_softmax(logits, -1)  # (S - 1, V)
         order = torch.sort(-logprobs, dim=-1, stable=True).indices  # (S - 1, V) most likely first, ties by id
         rank = torch.empty_like(order).scatter_(-1, order, torch.arange(1, order.shape[-1] + 1).expand_as(order))
@@ -275,9 +282,22 @@ def _sampling(body: dict) -> SamplingConfig:
             frequency_penalty=float(body.get("frequency_penalty", 0.0)),
             presence_penalty=float(body.get("presence_penalty", 0.0)),
             logit_bias={int(token): float(value) for token, value in bias.items()},
+            grammar=_grammar(body.get("structured_outputs")),
         )
     except (SpecVerifyError, TypeError, ValueError) as error:
         raise _HttpError(400, str(error)) from None
+
+
+def _grammar(field) -> Grammar | None:
+    """vLLM's ``structured_outputs`` (one of ``json``, ``regex``, ``grammar``) as a Grammar over this
+    server's :func:`~specverify_reference.grammar.synthetic_vocabulary`."""
+    if field is None:
+        return None
+    kinds = {"json": "json_schema", "regex": "regex", "grammar": "ebnf"}
+    if not isinstance(field, dict) or len(field) != 1 or next(iter(field)) not in kinds:
+        raise ValueError(f"structured_outputs must hold one of json, regex, grammar, got {reprlib.repr(field)}")
+    ((name, value),) = field.items()
+    return Grammar(kinds[name], value)
 
 
 def _route(path: str) -> tuple[tuple | None, str]:

@@ -13,10 +13,14 @@ over prompt and continuation.  ``--logprob-fault`` plants what engines shipped:
   were right);
 * ``processed``: the law after temperature and the cuts (floored at -1e4 where it is 0) reported
   where the raw one is documented -- vLLM V0's semantics, which V1 changed (the note in
-  ``vllm/v1/sample/sampler.py``).
+  ``vllm/v1/sample/sampler.py``);
+* ``prompt_draft``: the sampled tokens' logprobs right, but ``prompt_logprobs`` computed by the
+  drafter's prefill instead of the target's -- a modelled fault (no engine is known to have shipped
+  it) on the path speculative engines add beside the target's, which only the prompt logprob
+  fidelity check (:mod:`specverify.endpoint.prompt_fidelity`, with a reference endpoint) sees.
 
 The output law is untouched in every case: an audit's law verdict passes and only the logprob
-fidelity check (:mod:`specverify.endpoint.fidelity`) can see the fault.
+fidelity checks (:mod:`specverify.endpoint.fidelity`) can see the fault.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from specverify_reference.processors import SamplingConfig
 __all__ = ["LOGPROB_FAULTS", "choice_logprobs"]
 
 #: The planted logprob faults (see the module docstring).
-LOGPROB_FAULTS = ("zero", "first_only", "processed")
+LOGPROB_FAULTS = ("zero", "first_only", "processed", "prompt_draft")
 #: The log-probability reported for a token the processed law gives 0 (``processed`` fault).
 FLOOR = -1e4
 

@@ -55,7 +55,8 @@ from specverify.endpoint.pool import Fetcher, Request
 from specverify_reference.processors import History
 
 __all__ = [
-    "EndpointDecoder", "EndpointTarget", "SEED_MODULUS", "sampling_request", "check_top_logprobs", "check_exact_options",
+    "EndpointDecoder", "EndpointTarget", "SEED_MODULUS", "sampling_request", "teacher_forcing_request",
+    "check_top_logprobs", "check_exact_options",
 ]  # fmt: skip
 
 SEED_MODULUS = 2**31
@@ -226,6 +227,22 @@ def _rows_check(count: int, vocab_size: int | None):
     return check
 
 
+def teacher_forcing_request(
+    role: str, model: str, sequence: list[int], keep: list[int], top: int | None, vocab_size: int | None
+) -> Request:
+    """The prompt-logprobs request of ``sequence`` keeping the raw laws after ``sequence[:m]``, m in ``keep``:
+    whole-vocabulary rows (``top`` None) or the ``top`` most likely tokens' ``[ids, values]`` (needs ``vocab_size``)."""
+    if top is None:
+        parse, check = _kept_rows(sequence, keep, vocab_size), _rows_check(len(keep), vocab_size)
+    else:
+        assert vocab_size is not None  # check_top_logprobs
+        parse, check = _kept_tops(sequence, keep, top, vocab_size), _tops_check(len(keep), top, vocab_size)
+    return Request(role, teacher_forcing_body(model, sequence, top=-1 if top is None else top),
+                   parse=parse, extra={"keep": keep}, tokens=len(sequence),
+                   max_bytes=teacher_forcing_reply_bytes(len(sequence), vocab_size, -1 if top is None else top),
+                   check=check)  # fmt: skip
+
+
 class EndpointTarget:
     """The target protocol from a server's full-vocabulary prompt logprobs (see the module docstring).
 
@@ -313,16 +330,7 @@ class EndpointTarget:
 
     def _request(self, sequence: list[int], keep: list[int], top: int | None) -> Request:
         """The teacher-forcing request of ``sequence`` keeping the laws after ``sequence[:m]``, m in ``keep``."""
-        V = self.vocab_size
-        if top is None:
-            parse, check = _kept_rows(sequence, keep, V), _rows_check(len(keep), V)
-        else:
-            assert V is not None  # check_top_logprobs
-            parse, check = _kept_tops(sequence, keep, top, V), _tops_check(len(keep), top, V)
-        return Request(self.role, teacher_forcing_body(self.model, sequence, top=-1 if top is None else top),
-                       parse=parse, extra={"keep": keep}, tokens=len(sequence),
-                       max_bytes=teacher_forcing_reply_bytes(len(sequence), V, -1 if top is None else top),
-                       check=check)  # fmt: skip
+        return teacher_forcing_request(self.role, self.model, sequence, keep, top, self.vocab_size)
 
     def _fetch(self, requests: list[Request], what: str) -> list:
         self.requests += len(requests)

@@ -15,6 +15,7 @@ name                        wrong behaviour                                     
 ``stale_context``           drafter conditioned on the context before the last block   classic
 ``penalties_not_verified``  target verifies without the penalties the user asked for   vLLM #18902
 ``penalty_last_token_only`` penalty state records one token per round, not the block   SGLang PR #33643
+``grammar_first_row_only``  grammar mask on the first verified row only                vLLM PR #54442
 ==========================  =========================================================  ==============
 
 ``stale_context`` is *lossless for the output law*: the drafter still reports the law
@@ -38,6 +39,8 @@ from specverify.core.errors import InvalidArgument
 from specverify.core.sampling import sample
 from specverify.mutants.entry import CatalogueEntry
 from specverify_reference.decoder import SpeculativeDecoder
+from specverify_reference.grammar import Grammar
+from specverify_reference.penalties import History
 from specverify_reference.processors import SamplingConfig, logits_to_probs
 
 __all__ = [
@@ -47,7 +50,9 @@ __all__ = [
     "StaleDraftContext",
     "PenaltiesNotVerified",
     "PenaltyLastTokenOnly",
+    "GrammarFirstRowOnly",
     "PENALISED",
+    "STRUCTURED",
     "ENTRIES",
     "FaultVisibility",
     "VISIBILITY",
@@ -89,7 +94,28 @@ class PenaltiesNotVerified(SpeculativeDecoder):
 
     def _target_probs(self, logits: torch.Tensor, history=None) -> torch.Tensor:
         unpenalised = replace(self.sampling, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0)
-        return logits_to_probs(logits, unpenalised)  # (B, K+1, V)
+        return logits_to_probs(logits, unpenalised, history=history if unpenalised.needs_history else None)
+
+
+class GrammarFirstRowOnly(SpeculativeDecoder):
+    """Structured output: the verification pass masks its first row only; the later draft positions
+    and the bonus position are scored and resampled from unmasked rows.
+
+    vLLM #44006 / PR #44292 (the bonus row got the full mask after padded drafts), PR #54442 and
+    #54437 (every row after the first padded draft unmasked: "a request can accept tokens the
+    grammar never allowed"), PR #36138 (draft tokens after the end of reasoning not checked
+    against the grammar).
+    """
+
+    def _target_probs(self, logits: torch.Tensor, history=None) -> torch.Tensor:
+        if history is None or logits.shape[1] < 2:
+            return super()._target_probs(logits, history)
+        free = replace(self.sampling, grammar=None)
+        rest = History(history.tokens, history.prompt_len, history.ends[:, 1:]) if free.needs_history else None
+        unmasked = logits_to_probs(logits[:, 1:], free, history=rest)  # (B, K, V) before logits are overwritten
+        probs = super()._target_probs(logits, history)  # (B, K+1, V)
+        probs[:, 1:] = unmasked
+        return probs
 
 
 class PenaltyLastTokenOnly(SpeculativeDecoder):
@@ -156,6 +182,16 @@ class StaleDraftContext(SpeculativeDecoder):
 PENALISED = SamplingConfig(engine="vllm", repetition_penalty=1.6, frequency_penalty=0.6, presence_penalty=0.4)
 
 
+#: Where the grammar mutant shows: a JSON object with one string field, over the selftest's 32 tokens
+#: (``{}":, `` and the letters of :func:`~specverify_reference.grammar.synthetic_vocabulary`).
+STRUCTURED = SamplingConfig(
+    engine="vllm",
+    grammar=Grammar(
+        "json_schema", {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    ),
+)
+
+
 def _entry(name, cls, sampling, description, provenance, lossy=True) -> CatalogueEntry:
     """A decoder entry: ``cls(target, drafter, *, k, sampling)``; ``sampling`` is where the bug shows."""
     kind = "decoder" if lossy else "decoder_equivalent"
@@ -180,6 +216,10 @@ ENTRIES: tuple[CatalogueEntry, ...] = (
     _entry("penalty_last_token_only", PenaltyLastTokenOnly, PENALISED,
                   "the penalties' record of the output gets only the last token emitted in each round",
                   "SGLang PR #33643"),
+    _entry("grammar_first_row_only", GrammarFirstRowOnly, STRUCTURED,
+                  "structured output: the grammar mask applied to the first verified row only (the later draft "
+                  "positions and the bonus token drawn from unmasked rows)",
+                  "vLLM #44006 / PR #44292, PR #54442 (#54437), PR #36138"),
 )
 # fmt: on
 
@@ -216,10 +256,13 @@ VISIBILITY: dict[str, FaultVisibility] = {
     ),
     "stale_context": FaultVisibility("never: it is lossless for the output law, only slower", (), lambda s: False),
     "penalties_not_verified": FaultVisibility(
-        "a repetition, frequency or presence penalty", ("--frequency-penalty", "0.6"), lambda s: s.needs_history
+        "a repetition, frequency or presence penalty", ("--frequency-penalty", "0.6"), lambda s: s.penalised
     ),
     "penalty_last_token_only": FaultVisibility(
-        "a repetition, frequency or presence penalty", ("--frequency-penalty", "0.6"), lambda s: s.needs_history
+        "a repetition, frequency or presence penalty", ("--frequency-penalty", "0.6"), lambda s: s.penalised
+    ),
+    "grammar_first_row_only": FaultVisibility(
+        "a structured-output grammar", ("--regex", "[a-d]+( [a-d]+)*"), lambda s: s.grammar is not None
     ),
 }
 

@@ -42,6 +42,10 @@ def _sampling(sampling: Any) -> str:
     parts += [f"{name.replace('_', ' ')} {sampling[name]}" for name in names if sampling.get(name) is not None]
     if isinstance(sampling.get("logit_bias"), Mapping):
         parts.append("logit bias " + ", ".join(f"{k}: {v:g}" for k, v in sampling["logit_bias"].items()))
+    grammar = sampling.get("grammar")
+    if isinstance(grammar, Mapping) and isinstance(grammar.get("source"), str):
+        source = grammar["source"]
+        parts.append(f"structured output ({grammar.get('kind')}) {source[:200]}{'...' if len(source) > 200 else ''}")
     if sampling.get("engine"):
         parts.append(f"{sampling['engine']}'s law")
     return ", ".join(parts)

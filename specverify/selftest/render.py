@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+from specverify.selftest.battery_runs import NOT_RUN
 from specverify.selftest.verifiers import BELOW_TIER
 
 __all__ = ["render_text", "render_json", "render_markdown", "MATRIX_COLUMNS", "outcome"]
@@ -29,6 +30,8 @@ def outcome(row: dict) -> str:
         return "killed" if row["killed"] else "SURVIVED"
     if row["expected"] == BELOW_TIER:
         return "killed" if row["killed"] else f"below tier (needs > {row['tokens_to_detect']:,} tokens)"
+    if row["expected"] == NOT_RUN:
+        return f"not run ({row['needs']})"
     return "FALSE ALARM" if row["killed"] else "passed"
 
 
@@ -86,6 +89,9 @@ def _summary_lines(result) -> list[str]:
             f"below this tier's detectable deviation (reported, not scored): {len(below)} mutants, "
             + "; ".join(f"{r['name']} {outcome(r)}" for r in below)
         )
+    not_run = [r for r in result.rows if r["expected"] == NOT_RUN]
+    if not_run:
+        lines.append("not run here (not scored): " + "; ".join(f"{r['name']} {outcome(r)}" for r in not_run))
     correct = [r for r in result.rows if r["expected"] == "pass"]
     lines.append(
         f"false alarms on correct variants: {len(result.false_alarms)}/{len(correct)}"
