@@ -57,3 +57,31 @@ def test_compare_reads_a_report_against_itself_and_sees_a_moved_number_and_verdi
         (tmp_path / directory / "x" / "report.json").write_text(json.dumps(data))
     assert compare.main([str(tmp_path / "a"), str(tmp_path / "a")]) == 0
     assert compare.main([str(tmp_path / "a"), str(tmp_path / "b")]) == 1
+
+
+def test_the_engine_matrix_opens_the_reports_readme_and_is_current(tmp_path):
+    """``reports/README.md`` opens with the matrix of every engine report, as the reports say now."""
+    import shutil
+
+    from tools.reports.matrix import END, START, matrix_rows, render_matrix, update_readme
+
+    text = (ROOT / "reports" / "README.md").read_text(encoding="utf-8")
+    assert text.startswith("# Reports\n\n" + START)
+    rows = matrix_rows(ROOT / "reports")
+    assert text[text.index(START) : text.index(END) + len(END)] == render_matrix(rows)
+    assert {r["engine"] for r in rows} >= {"vLLM", "transformers", "llama-cpp-python", "OpenVINO GenAI"}
+    assert len(rows) == sum(1 for _ in (ROOT / "reports").rglob("report.json")) - sum(
+        1 for p in (ROOT / "reports").glob("*/report.json")
+    )  # every engine report; the example reports (one level down) have their own index
+    # a verdict that changes changes the matrix
+    copy = tmp_path / "reports"
+    shutil.copytree(ROOT / "reports" / "mistralrs", copy / "mistralrs")
+    shutil.copy(ROOT / "reports" / "README.md", copy / "README.md")
+    first = sorted((copy / "mistralrs").rglob("report.json"))[0]
+    data = json.loads(first.read_text())
+    data["verdict"] = "fail" if data["verdict"] != "fail" else "pass"
+    first.write_text(json.dumps(data))
+    update_readme(copy)
+    changed = (copy / "README.md").read_text(encoding="utf-8")
+    assert f"**{data['verdict']}**" in changed.split(first.parent.name, 1)[1].split("\n", 1)[0]
+    assert changed.count("| mistral.rs |") == 5 and "| vLLM |" not in changed

@@ -1,0 +1,140 @@
+"""The engine matrix that opens ``reports/README.md``: every committed engine report in one table.
+
+::
+
+    python -m tools.reports.matrix [--reports reports]   # rewrites the matrix section of reports/README.md
+
+One row per ``report.json`` under an engine's directory (``reports/<engine>/.../report.json``):
+engine, configuration (linked to its report), what was audited (subject and mode: exact
+conditionals, two-sample, greedy; in process or served over HTTP), the options the report
+records, the verdict, logprob fidelity where the audit checked it, and the median detectable
+binned TV at power 0.9 over the report's tests.  Every cell is read from the report, never
+written by hand; ``tests/test_committed_reports.py`` checks the committed section is this
+module's rendering of the committed reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+__all__ = ["ENGINES", "matrix_rows", "render_matrix", "update_readme"]
+
+#: Engine directories under reports/ and how the matrix names them.
+ENGINES = {
+    "vllm": "vLLM",
+    "hf-transformers": "transformers",
+    "llama-cpp": "llama-cpp-python",
+    "mistralrs": "mistral.rs",
+    "onnxruntime-genai": "ONNX Runtime GenAI",
+    "openvino": "OpenVINO GenAI",
+    "eagle": "EAGLE (SafeAILab)",
+}
+START, END = "<!-- engine-matrix:start -->", "<!-- engine-matrix:end -->"
+
+
+def _median_tv(results: list) -> str:
+    tvs = sorted(r["mde_tv"] for r in results if isinstance(r.get("mde_tv"), float) and math.isfinite(r["mde_tv"]))
+    return f"{tvs[len(tvs) // 2]:.3g}" if tvs else "n/a"
+
+
+def _options(report: dict) -> str:
+    endpoint = (report.get("extra") or {}).get("endpoint")
+    if isinstance(endpoint, dict) and isinstance(endpoint.get("sampling"), dict):
+        sampling = endpoint["sampling"]
+        return ", ".join(f"{k}={v}" for k, v in sampling.items() if v is not None)
+    implementation = str(report.get("implementation") or "")
+    head, _, args = implementation.partition("(")
+    return args[:-1] if args.endswith(")") else ""
+
+
+def _audit(report: dict) -> str:
+    extra = report.get("extra") or {}
+    endpoint = extra.get("endpoint")
+    mode = (endpoint or {}).get("mode") if isinstance(endpoint, dict) else extra.get("mode")
+    where = "served" if isinstance(endpoint, dict) else "in process"
+    return f"{report.get('kind', '?')}, {mode.replace('_', '-') if mode else 'battery'}, {where}"
+
+
+def _fidelity(report: dict) -> str:
+    fidelity = (report.get("extra") or {}).get("logprob_fidelity")
+    return fidelity["verdict"] if isinstance(fidelity, dict) and "verdict" in fidelity else "not checked"
+
+
+def matrix_rows(reports: Path) -> list[dict]:
+    """One row per engine report under ``reports`` (sorted by engine, then configuration)."""
+    rows = []
+    for folder, engine in ENGINES.items():
+        for path in sorted((reports / folder).rglob("report.json")):
+            report = json.loads(path.read_text(encoding="utf-8"))
+            relative = path.parent.relative_to(reports)
+            rows.append({
+                "engine": engine,
+                "configuration": str(relative.relative_to(folder)),
+                "link": f"{relative.as_posix()}/report.md",
+                "audit": _audit(report),
+                "options": _options(report),
+                "verdict": report.get("verdict", "?"),
+                "fidelity": _fidelity(report),
+                "tv": _median_tv(report.get("results") or []),
+            })  # fmt: skip
+    return rows
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_matrix(rows: list[dict]) -> str:
+    """The matrix section (between its markers) as Markdown."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["verdict"]] = counts.get(row["verdict"], 0) + 1
+    lines = [
+        START,
+        "## Engine matrix",
+        "",
+        "Every committed engine report, one row each: engine x configuration x options -> verdict, logprob "
+        "fidelity and the median detectable binned TV at power 0.9 (alpha 1e-3 per run, whatever the tier). "
+        "Generated from the reports by `python -m tools.reports.matrix`; do not edit by hand. "
+        f"{len(rows)} reports: " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) + ". "
+        "An `error` is a finding too (the engine crashed or broke the protocol); each engine's README "
+        "says what every FAIL and ERROR is, with its standalone repro and upstream status.",
+        "",
+        "| engine | configuration | audit | options | verdict | logprob fidelity | detectable TV (median) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['engine']} | [{_cell(row['configuration'])}]({row['link']}) | {_cell(row['audit'])} | "
+            f"{_cell(row['options'])} | **{row['verdict']}** | {row['fidelity']} | {row['tv']} |"
+        )
+    return "\n".join(lines + ["", END])
+
+
+def update_readme(reports: Path) -> Path:
+    """Write the matrix into ``reports/README.md``: replace its section, or insert it after the title."""
+    path = reports / "README.md"
+    text = path.read_text(encoding="utf-8") if path.exists() else "# Reports\n"
+    section = render_matrix(matrix_rows(reports))
+    if START in text and END in text:
+        text = text[: text.index(START)] + section + text[text.index(END) + len(END) :]
+    else:
+        title, _, rest = text.partition("\n")
+        text = f"{title}\n\n{section}\n{rest}"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reports", default="reports", help="the reports directory (default reports)")
+    args = parser.parse_args(argv)
+    print(update_readme(Path(args.reports)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
