@@ -222,16 +222,22 @@ def test_decoder_prompts_in_worker_processes_give_the_inline_report(capsys):
     assert main(argv) == 2 and "--until-decisive (verifier and tree-verifier audits)" in capsys.readouterr().err
 
 
+#: The Ray test's scenarios: six small ones (the whole smoke battery is the inline tests' business).
+RAY_SCENARIOS = ["pos8_uniform_k4", "pos16_noisy_k1", "markov8_temperature_k2", "ngram3_v6_stale_k4",
+                 "markov4_oracle_k8", "pos2_least_likely_k2"]  # fmt: skip
+
+
 @pytest.mark.ray
 def test_ray_cluster_with_a_killed_worker_reproduces_the_one_process_report(tmp_path, monkeypatch):
-    """A local Ray cluster of 2 CPUs runs the reference verifier's smoke battery as 4 shards; the worker
-    running shard 1 is killed (SIGKILL) after its first group.  Statistics and verdict equal the
-    1-process run's, and the report records the lost worker."""
+    """A local Ray cluster of 2 CPUs runs six scenarios of the reference verifier's smoke battery as 4
+    shards; the worker running shard 1 is killed (SIGKILL) after its first group.  Statistics and
+    verdict equal the 1-process run's, and the report records the lost worker."""
     pytest.importorskip("ray")
-    one = sv.check_verifier(verify, tier="smoke", seed=0)
+    six = RAY_SCENARIOS
+    one = sv.check_verifier(verify, tier="smoke", seed=0, scenarios=six)
     marker = tmp_path / "killed"
     monkeypatch.setenv("SPECVERIFY_FAULT", f"kill-once:{marker}:1")  # inherited by the Ray workers
-    cluster = sv.check_verifier(verify, tier="smoke", seed=0, workers=2, shards=4, backend="ray")
+    cluster = sv.check_verifier(verify, tier="smoke", seed=0, scenarios=six, workers=2, shards=4, backend="ray")
     assert marker.exists()
     record = cluster.extra["sharding"]
     assert record["backend"] == "ray" and record["shards"] == 4

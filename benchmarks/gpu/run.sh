@@ -70,7 +70,7 @@ start=$(date +%s)
   fi
   # The suite's own CUDA tests (pytest -m gpu; on the CPU they skip): results into the summary.
   # FlashInfer is left to the driver's kernel section: its first call compiles its kernels.
-  (cd "$repo" && timeout "$TESTS" "$PYTHON" -m pytest -q -m gpu -k "not flashinfer" -p no:cacheprovider -rs --continue-on-collection-errors \
+  (cd "$repo" && timeout "$TESTS" "$PYTHON" -m pytest -q -n0 -m gpu -k "not flashinfer" -p no:cacheprovider -rs --continue-on-collection-errors \
     --junitxml="$tree/gpu_tests.xml" tests) > "$tree/gpu_tests.txt" 2>&1
   echo "pytest -m gpu: exit $? ($(tail -n 1 "$tree/gpu_tests.txt"))"
   args=(--out "$tree" --device "$device" --budget "$BUDGET" --gpu-tests "$tree/gpu_tests.xml")
