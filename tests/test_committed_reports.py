@@ -70,9 +70,13 @@ def test_the_engine_matrix_opens_the_reports_readme_and_is_current(tmp_path):
     rows = matrix_rows(ROOT / "reports")
     assert text[text.index(START) : text.index(END) + len(END)] == render_matrix(rows)
     assert {r["engine"] for r in rows} >= {"vLLM", "transformers", "llama-cpp-python", "OpenVINO GenAI"}
-    assert len(rows) == sum(1 for _ in (ROOT / "reports").rglob("report.json")) - sum(
+    reports = [r for r in rows if r["verdict"] != "refused"]
+    assert len(reports) == sum(1 for _ in (ROOT / "reports").rglob("report.json")) - sum(
         1 for p in (ROOT / "reports").glob("*/report.json")
     )  # every engine report; the example reports (one level down) have their own index
+    refusals = [p for p in (ROOT / "reports").rglob("run.json")
+                if json.loads(p.read_text()).get("error") and not (p.parent / "report.json").exists()]  # fmt: skip
+    assert len(rows) - len(reports) == len(refusals)  # and every recorded refusal
     # a verdict that changes changes the matrix
     copy = tmp_path / "reports"
     shutil.copytree(ROOT / "reports" / "mistralrs", copy / "mistralrs")

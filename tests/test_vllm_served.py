@@ -83,12 +83,25 @@ def test_speculative_configs_are_the_in_process_ones(name, expected):
 
 
 def test_configurations_name_their_in_process_reports():
-    assert [c.method for c in vs.CONFIGS] == [None, "ngram", "draft_model", "eagle", "ngram", "draft_model", "eagle"]
-    assert [c.skip_determinism for c in vs.CONFIGS] == [False] * 4 + [True] * 3
-    for config in vs.CONFIGS:
+    plain = [c for c in vs.CONFIGS if not c.options]
+    assert [c.method for c in plain] == [None, "ngram", "draft_model", "eagle", "ngram", "draft_model", "eagle"]
+    assert [c.skip_determinism for c in plain] == [False] * 4 + [True] * 3
+    for config in plain:
         assert config.inprocess, config.name
         for name in config.inprocess:
             assert (ROOT / "reports" / "vllm" / name / "report.json").exists(), name
+
+
+def test_the_option_matrix_has_each_option_family_without_and_with_each_method(tmp_path):
+    """Four option families x (no speculation, ngram, draft model, EAGLE); the options reach the audit command."""
+    matrix = [c for c in vs.CONFIGS if c.options]
+    families = {c.options for c in matrix}
+    assert families == {vs.PENALTIES, vs.MIN_P_BIAS, vs.LOGPROBS, vs.SCHEMA}
+    for family in families:
+        assert sorted(str(c.method) for c in matrix if c.options == family) == ["None", "draft_model", "eagle", "ngram"]
+    assert all(c.skip_determinism == (c.method is not None) for c in matrix)
+    argv = vs.audit_argv(port=1, seed=0, tier="smoke", num_samples=None, out=tmp_path, options=vs.MIN_P_BIAS)
+    assert argv[argv.index("--min-p") + 1] == "0.02" and argv.count("--logit-bias") == 2
 
 
 def test_audit_arguments_parse_to_the_canonical_endpoint_command(tmp_path):

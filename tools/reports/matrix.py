@@ -4,7 +4,8 @@
 
     python -m tools.reports.matrix [--reports reports]   # rewrites the matrix section of reports/README.md
 
-One row per ``report.json`` under an engine's directory (``reports/<engine>/.../report.json``):
+One row per ``report.json`` under an engine's directory (``reports/<engine>/.../report.json``), and
+one per configuration the engine refused (a ``run.json`` whose ``error`` holds the refusal, no report):
 engine, configuration (linked to its report), what was audited (subject and mode: exact
 conditionals, two-sample, greedy; in process or served over HTTP), the options the report
 records, the verdict, logprob fidelity where the audit checked it, and the median detectable
@@ -63,16 +64,35 @@ def _fidelity(report: dict) -> str:
     return fidelity["verdict"] if isinstance(fidelity, dict) and "verdict" in fidelity else "not checked"
 
 
+def _refusal(run: dict) -> str:
+    """The server's words of a recorded refusal, without the request's URL."""
+    error = str(run.get("error") or "")
+    return error.split(": ", 2)[-1] if error.startswith("EndpointError: POST ") else error
+
+
 def matrix_rows(reports: Path) -> list[dict]:
-    """One row per engine report under ``reports`` (sorted by engine, then configuration)."""
+    """One row per engine report (or recorded refusal) under ``reports``, by engine, then configuration."""
     rows = []
     for folder, engine in ENGINES.items():
-        for path in sorted((reports / folder).rglob("report.json")):
-            report = json.loads(path.read_text(encoding="utf-8"))
-            relative = path.parent.relative_to(reports)
+        found = {p.parent: p for p in (reports / folder).rglob("report.json")}
+        for path in (reports / folder).rglob("run.json"):
+            run = json.loads(path.read_text(encoding="utf-8"))
+            if path.parent not in found and run.get("error"):
+                found[path.parent] = path
+        for directory in sorted(found):
+            relative = directory.relative_to(reports)
+            row = {"engine": engine, "configuration": str(relative.relative_to(folder))}
+            if found[directory].name == "run.json":
+                run = json.loads(found[directory].read_text(encoding="utf-8"))
+                command = str(run.get("audit_command") or "")
+                rows.append({**row, "link": f"{relative.as_posix()}/run.json", "audit": "decoder, served",
+                             "options": (command.split(" --model ", 1)[-1] + "; " if command else "")
+                             + f"refused: {_refusal(run)}",
+                             "verdict": "refused", "fidelity": "-", "tv": "-"})  # fmt: skip
+                continue
+            report = json.loads(found[directory].read_text(encoding="utf-8"))
             rows.append({
-                "engine": engine,
-                "configuration": str(relative.relative_to(folder)),
+                **row,
                 "link": f"{relative.as_posix()}/report.md",
                 "audit": _audit(report),
                 "options": _options(report),
@@ -100,8 +120,9 @@ def render_matrix(rows: list[dict]) -> str:
         "fidelity and the median detectable binned TV at power 0.9 (alpha 1e-3 per run, whatever the tier). "
         "Generated from the reports by `python -m tools.reports.matrix`; do not edit by hand. "
         f"{len(rows)} reports: " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) + ". "
-        "An `error` is a finding too (the engine crashed or broke the protocol); each engine's README "
-        "says what every FAIL and ERROR is, with its standalone repro and upstream status.",
+        "An `error` is a finding too (the engine crashed or broke the protocol), and so is `refused` (the "
+        "server answered the configuration's requests with an error: its words are in the row); each "
+        "engine's README says what every FAIL and ERROR is, with its standalone repro and upstream status.",
         "",
         "| engine | configuration | audit | options | verdict | logprob fidelity | detectable TV (median) |",
         "|---|---|---|---|---|---|---|",

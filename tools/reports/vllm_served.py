@@ -104,6 +104,16 @@ class Served:
     draft_sample_method: str = "greedy"
     inprocess: tuple[str, ...] = ()
     skip_determinism: bool = False  # the law tested although seeded outputs vary (as the in-process memoize)
+    options: tuple[str, ...] = ()  # sampling options of the audit (``specverify audit`` arguments)
+
+
+#: The option matrix's sampling, one option family per configuration (so that a refusal names its option):
+#: penalties (T 0.9, frequency and presence, vLLM's documented law); min-p and two logit biases; each
+#: emitted token's logprob and its 3 most likely tokens' (logprob fidelity); a JSON schema output.
+PENALTIES = ("--temperature", "0.9", "--frequency-penalty", "0.6", "--presence-penalty", "0.4")
+MIN_P_BIAS = ("--temperature", "0.9", "--min-p", "0.02", "--logit-bias", "5=1.5", "--logit-bias", "9=-2")
+LOGPROBS = ("--logprobs", "3")
+SCHEMA = ("--json-schema", '{"properties": {"name": {"type": "string"}}, "required": ["name"], "type": "object"}')
 
 
 # fmt: off
@@ -123,6 +133,35 @@ CONFIGS: tuple[Served, ...] = (
            inprocess=("e2e_draft_probabilistic_k3_t1.0",), skip_determinism=True),
     Served("eagle_k3_t1.0_skip_determinism", "EAGLE-1 head, greedy drafts, K=3, T=1, --skip-determinism (law tested)",
            "eagle", "greedy", inprocess=("e2e_eagle_k3_t1.0_memoize",), skip_determinism=True),
+    # the option matrix: each option family without speculation and with each method
+    Served("control_no_spec_penalties", "control: no speculation; T=0.9, frequency 0.6, presence 0.4", None, options=PENALTIES),
+    Served("ngram_k3_penalties_skip_determinism", "ngram, K=3; T=0.9, frequency 0.6, presence 0.4", "ngram", skip_determinism=True,
+           options=PENALTIES),
+    Served("draft_probabilistic_k3_penalties_skip_determinism", "draft model, probabilistic, K=3; T=0.9, frequency 0.6, presence 0.4", "draft_model", "probabilistic", skip_determinism=True,
+           options=PENALTIES),
+    Served("eagle_k3_penalties_skip_determinism", "EAGLE-1 head, greedy drafts, K=3; T=0.9, frequency 0.6, presence 0.4", "eagle", "greedy", skip_determinism=True,
+           options=PENALTIES),
+    Served("control_no_spec_minp_bias", "control: no speculation; T=0.9, min-p 0.02, logit bias 5=1.5 9=-2", None, options=MIN_P_BIAS),
+    Served("ngram_k3_minp_bias_skip_determinism", "ngram, K=3; T=0.9, min-p 0.02, logit bias 5=1.5 9=-2", "ngram", skip_determinism=True,
+           options=MIN_P_BIAS),
+    Served("draft_probabilistic_k3_minp_bias_skip_determinism", "draft model, probabilistic, K=3; T=0.9, min-p 0.02, logit bias 5=1.5 9=-2", "draft_model", "probabilistic", skip_determinism=True,
+           options=MIN_P_BIAS),
+    Served("eagle_k3_minp_bias_skip_determinism", "EAGLE-1 head, greedy drafts, K=3; T=0.9, min-p 0.02, logit bias 5=1.5 9=-2", "eagle", "greedy", skip_determinism=True,
+           options=MIN_P_BIAS),
+    Served("control_no_spec_logprobs", "control: no speculation; T=1, logprobs 3", None, options=LOGPROBS),
+    Served("ngram_k3_logprobs_skip_determinism", "ngram, K=3; T=1, logprobs 3", "ngram", skip_determinism=True,
+           options=LOGPROBS),
+    Served("draft_probabilistic_k3_logprobs_skip_determinism", "draft model, probabilistic, K=3; T=1, logprobs 3", "draft_model", "probabilistic", skip_determinism=True,
+           options=LOGPROBS),
+    Served("eagle_k3_logprobs_skip_determinism", "EAGLE-1 head, greedy drafts, K=3; T=1, logprobs 3", "eagle", "greedy", skip_determinism=True,
+           options=LOGPROBS),
+    Served("control_no_spec_json_schema", "control: no speculation; T=1, a JSON schema output", None, options=SCHEMA),
+    Served("ngram_k3_json_schema_skip_determinism", "ngram, K=3; T=1, a JSON schema output", "ngram", skip_determinism=True,
+           options=SCHEMA),
+    Served("draft_probabilistic_k3_json_schema_skip_determinism", "draft model, probabilistic, K=3; T=1, a JSON schema output", "draft_model", "probabilistic", skip_determinism=True,
+           options=SCHEMA),
+    Served("eagle_k3_json_schema_skip_determinism", "EAGLE-1 head, greedy drafts, K=3; T=1, a JSON schema output", "eagle", "greedy", skip_determinism=True,
+           options=SCHEMA),
 )
 # fmt: on
 
@@ -185,10 +224,18 @@ def base_url(port: int) -> str:
 
 
 def audit_argv(
-    *, port: int, seed: int, tier: str, num_samples: int | None, out: Path, skip_determinism: bool = False
+    *,
+    port: int,
+    seed: int,
+    tier: str,
+    num_samples: int | None,
+    out: Path,
+    skip_determinism: bool = False,
+    options: Sequence[str] = (),
 ) -> list[str]:
     """The ``specverify audit`` arguments of one configuration (exact-conditional, the server's own logprobs)."""
     argv = ["--endpoint", base_url(port), "--model", MODEL, "--samples-per-request", str(SAMPLES_PER_REQUEST)]
+    argv += [*options]
     argv += ["--skip-determinism"] if skip_determinism else []
     if num_samples is not None:
         argv += ["--num-samples", str(num_samples)]
@@ -395,8 +442,9 @@ def run_config(
         with Server(argv, log=work / "server.log", port=port, ready_timeout=ready_timeout):
             record["startup_seconds"] = round(time.perf_counter() - started, 1)
             argv_audit = audit_argv(port=port, seed=seed, tier=tier, num_samples=num_samples, out=work,
-                                    skip_determinism=config.skip_determinism)  # fmt: skip
-            args = parse_command("specverify audit " + shlex.join(argv_audit))
+                                    skip_determinism=config.skip_determinism, options=config.options)  # fmt: skip
+            record["audit_command"] = "specverify audit " + shlex.join(argv_audit)  # replaced by the report's
+            args = parse_command(record["audit_command"])
             t0 = time.perf_counter()
             report = run_endpoint_audit(args)
             record["audit_seconds"] = round(time.perf_counter() - t0, 1)
@@ -591,6 +639,26 @@ after the audit (all requests of the audit; teacher-forcing requests draft nothi
 Total wall time of the configurations (model writing aside): {total_seconds:.0f} s.
 
 {evidence}
+
+## The option matrix (issue 45, item 3)
+
+Each option family once without speculation and once with each method (`*_penalties`, `*_minp_bias`,
+`*_logprobs`, `*_json_schema`; the options are in each row and in each report's command):
+
+- **Penalties** (T 0.9, frequency 0.6, presence 0.4; vLLM's documented law: over the output only, after
+  the bias and before the temperature): the control passes, so vLLM's sampler follows that law; all
+  three speculative methods fail, as they already fail at plain T = 1 (goodness-of-fit failures at
+  p = 0 in both; the in-process diagnostics of [../README.md](../README.md) trace the plain
+  failures to vLLM's CPU `expand_batch_to_tokens`, a patch a server cannot take), so these rows cannot
+  attribute anything to the penalties until that fault is fixed.
+- **Min-p and logit bias** (T 0.9, min-p 0.02, biases +1.5 and -2): the control passes; with speculation
+  vLLM refuses the request (HTTP 400, "The min_p and logit_bias sampling parameters are not yet supported
+  with speculative decoding"), for every method: a documented refusal, recorded as a finding.
+- **Logprobs and a JSON schema**: refused by every configuration, with and without speculation, because
+  these tiny models are served with `--skip-tokenizer-init` (they have no tokenizer): vLLM needs one to
+  render logprobs ("Unable to get tokenizer") and to compile a grammar ("Structured outputs requires a
+  tokenizer"). These rows say nothing about speculation yet: they need a tokenizer built for the tiny
+  models (not done).
 
 ## Against the in-process end-to-end reports
 
