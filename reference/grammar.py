@@ -39,7 +39,10 @@ import torch
 from specverify.core.errors import InvalidArgument
 from specverify_reference.penalties import History
 
-__all__ = ["GRAMMAR_KINDS", "STOP_TEXT", "Grammar", "synthetic_vocabulary", "stop_id", "compiles", "allowed_masks"]
+__all__ = [
+    "GRAMMAR_KINDS", "STOP_TEXT", "Grammar", "synthetic_vocabulary", "stop_id", "compiles", "grammar_bitmask",
+    "allowed_masks", "mask_logits_",
+]  # fmt: skip
 
 #: The structured-output kinds (vLLM's ``structured_outputs`` fields ``json``, ``regex``, ``grammar``).
 GRAMMAR_KINDS = ("json_schema", "regex", "ebnf")
@@ -160,8 +163,9 @@ def _unpack(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return bits.flatten(-2)[..., :vocab_size].bool()
 
 
-def allowed_masks(grammar: Grammar, history: History, vocab_size: int) -> torch.Tensor:
-    """Which tokens ``grammar`` allows after each of ``history``'s prefixes: (B, n, V) bool.
+def grammar_bitmask(grammar: Grammar, history: History, vocab_size: int) -> torch.Tensor:
+    """The allowed tokens after each of ``history``'s prefixes as xgrammar's bitmask: (B, n, W) int32,
+    W = ceil(V / 32) (V / 8 bytes per law).
 
     The grammar reads each row's tokens after the prompt (``history.tokens[b, prompt_len:end]``);
     a terminated grammar and a prefix the grammar refuses allow every token (the module docstring).
@@ -183,4 +187,28 @@ def allowed_masks(grammar: Grammar, history: History, vocab_size: int) -> torch.
                 at += 1
             if not refused and not matcher.is_terminated():
                 matcher.fill_next_token_bitmask(bitmask, b * n + j)
-    return _unpack(bitmask, vocab_size).view(B, n, vocab_size)
+    return bitmask.view(B, n, -1)
+
+
+def allowed_masks(grammar: Grammar, history: History, vocab_size: int) -> torch.Tensor:
+    """Which tokens ``grammar`` allows after each of ``history``'s prefixes: (B, n, V) bool
+    (:func:`grammar_bitmask` unpacked)."""
+    return _unpack(grammar_bitmask(grammar, history, vocab_size), vocab_size)
+
+
+#: Laws unpacked at a time by :func:`mask_logits_` (its temporaries: 4 bytes per entry of a block).
+MASK_BLOCK_ENTRIES = 1 << 22
+
+
+def mask_logits_(logits: torch.Tensor, grammar: Grammar, history: History) -> torch.Tensor:
+    """Set to ``-inf``, in place, the logits (B, n, V) of the tokens ``grammar`` does not allow after
+    each prefix; the masks are unpacked a block of laws at a time (memory: V / 8 bytes per law, plus one
+    block's temporaries, never 4 bytes per entry of the whole tensor)."""
+    B, n, V = logits.shape
+    bitmask = grammar_bitmask(grammar, history, V).view(B * n, -1)  # (B * n, W)
+    flat = logits.view(B * n, V)
+    rows = max(1, MASK_BLOCK_ENTRIES // V)
+    for start in range(0, B * n, rows):
+        allowed = _unpack(bitmask[start : start + rows], V).to(logits.device)  # (rows, V)
+        flat[start : start + rows].masked_fill_(~allowed, -float("inf"))
+    return logits

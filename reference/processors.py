@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import torch
 
 from specverify.core.errors import InvalidArgument
-from specverify_reference.grammar import Grammar, allowed_masks
+from specverify_reference.grammar import Grammar, mask_logits_
 from specverify_reference.penalties import History, penalise
 
 __all__ = [
@@ -344,8 +344,7 @@ def adjust_logits(
             frequency=config.frequency_penalty, presence=config.presence_penalty, last_n=config.penalty_last_n,
         )  # fmt: skip
         if config.grammar is not None:  # -inf stays -inf under the bias and the penalties: the order is vLLM's
-            allowed = allowed_masks(config.grammar, history, V).to(adjusted.device)  # (B, n, V)
-            adjusted.view(B, n, V).masked_fill_(~allowed, -math.inf)
+            mask_logits_(adjusted.view(B, n, V), config.grammar, history)
     return adjusted
 
 

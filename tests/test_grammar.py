@@ -151,3 +151,17 @@ def test_the_selftest_reports_the_grammar_mutant_not_run_without_xgrammar(monkey
     (row,) = run_decoder_mutants(tier="smoke", seed=0, alpha=1e-3, names={"grammar_first_row_only"})
     assert row["expected"] == NOT_RUN and row["ok"] and not row["killed"]
     assert outcome(row).startswith("not run (needs the grammar engine xgrammar")
+
+
+def test_masking_block_by_block_is_the_whole_mask(monkeypatch):
+    """mask_logits_ unpacks a few laws at a time: the same -inf entries as the whole (B, n, V) mask."""
+    import specverify_reference.grammar as grammar_module
+
+    grammar = LANGUAGES[1][0]
+    tokens = torch.randint(V, (5, 7), generator=torch.Generator().manual_seed(3))
+    history = History(tokens, 2, torch.tensor([[2, 3, 5, 7]] * 5))
+    logits = torch.randn(5, 4, V, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    monkeypatch.setattr(grammar_module, "MASK_BLOCK_ENTRIES", 3 * V)  # blocks of 3 laws, the last one short
+    masked = grammar_module.mask_logits_(logits.clone(), grammar, history)
+    allowed = allowed_masks(grammar, history, V)
+    assert torch.equal(torch.isfinite(masked), allowed) and torch.equal(masked[allowed], logits[allowed])
