@@ -175,7 +175,9 @@ def _text(path: Path) -> str | None:
 
 def outside_references(path: Path, text: str) -> list[str]:
     rel = path.relative_to(ROOT).as_posix()
-    found = []
+    found: list[str] = []
+    if not any(pattern.search(text) for pattern in (OUTSIDE_FOLDER, ABSOLUTE, BARE_NOTE)):
+        return found  # one scan of the whole text; the lines are read only where a pattern occurs
     for i, line in enumerate(text.splitlines(), 1):
         for pattern, why in ((OUTSIDE_FOLDER, "the outside notes folder"), (ABSOLUTE, "an absolute machine path")):
             if pattern.search(line):
