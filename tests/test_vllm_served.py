@@ -26,7 +26,7 @@ import pytest
 from tools.reports import vllm_served as vs
 
 ROOT = Path(__file__).resolve().parents[1]
-MODELS = vs.Models(Path("m/target"), Path("m/draft"), Path("m/eagle"))
+MODELS = vs.Models(Path("m/target"), Path("m/draft"), Path("m/eagle"), Path("m/tokenizer"))
 BY_NAME = {c.name: c for c in vs.CONFIGS}
 
 
@@ -55,7 +55,7 @@ def test_every_configuration_has_a_serve_command_line():
         assert _flag(argv, "--model") == "m/target" and _flag(argv, "--served-model-name") == vs.MODEL
         assert (_flag(argv, "--host"), _flag(argv, "--port")) == ("127.0.0.1", "8011")
         assert _flag(argv, "--max-logprobs") == "-1" and _flag(argv, "--dtype") == "float32"
-        assert "--enforce-eager" in argv and "--skip-tokenizer-init" in argv
+        assert "--enforce-eager" in argv and ("--skip-tokenizer-init" in argv) != config.tokenizer
         assert shlex.split(vs.serve_line(argv)) == ["VLLM_CPU_KVCACHE_SPACE=1", *argv]
     assert "--speculative-config" not in vs.serve_argv(BY_NAME["control_no_spec_t1.0"], MODELS)
 
@@ -102,6 +102,28 @@ def test_the_option_matrix_has_each_option_family_without_and_with_each_method(t
     assert all(c.skip_determinism == (c.method is not None) for c in matrix)
     argv = vs.audit_argv(port=1, seed=0, tier="smoke", num_samples=None, out=tmp_path, options=vs.MIN_P_BIAS)
     assert argv[argv.index("--min-p") + 1] == "0.02" and argv.count("--logit-bias") == 2
+
+
+def test_logprob_configurations_are_served_with_the_word_level_tokenizer():
+    """vLLM renders logprobs only with a tokenizer: those rows swap --skip-tokenizer-init for one, keyed by id."""
+    for config in vs.CONFIGS:
+        argv = vs.serve_argv(config, MODELS)
+        if config.tokenizer:
+            assert config.options == vs.LOGPROBS and "--skip-tokenizer-init" not in argv
+            assert argv[argv.index("--tokenizer") + 1] == "m/tokenizer" and "--return-tokens-as-token-ids" in argv
+        else:
+            assert "--skip-tokenizer-init" in argv and "--tokenizer" not in argv
+    assert sum(c.tokenizer for c in vs.CONFIGS) == 4
+
+
+def test_the_word_level_tokenizer_names_each_id(tmp_path):
+    pytest.importorskip("tokenizers")
+    from transformers import AutoTokenizer
+
+    path = vs.write_tokenizer(tmp_path / "tokenizer", vocab_size=32)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    assert len(tokenizer) == 32 and tokenizer.convert_ids_to_tokens([0, 7, 31]) == ["<t0>", "<t7>", "<t31>"]
+    assert tokenizer("<t3> <t30>")["input_ids"] == [3, 30]
 
 
 def test_audit_arguments_parse_to_the_canonical_endpoint_command(tmp_path):
