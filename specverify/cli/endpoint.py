@@ -149,18 +149,15 @@ def _check(args) -> None:
     grammar(args)  # at most one, and it parses
 
 
-#: The structured-output options: argument name -> grammar kind.
-GRAMMAR_OPTIONS = {"json_schema": "json_schema", "regex": "regex", "ebnf": "ebnf"}
-
-
 def grammar(args):
-    """The audit's grammar (a :class:`~specverify_reference.grammar.Grammar`) or None."""
-    from specverify_reference.grammar import Grammar
+    """The audit's grammar (a :class:`~specverify_reference.grammar.Grammar`) or None: the options
+    ``--json-schema``, ``--regex`` and ``--ebnf`` are named after the grammar kinds."""
+    from specverify_reference.grammar import GRAMMAR_KINDS, Grammar
 
-    given = [name for name in GRAMMAR_OPTIONS if getattr(args, name, None) is not None]
+    given = [kind for kind in GRAMMAR_KINDS if getattr(args, kind, None) is not None]
     if len(given) > 1:
         raise InvalidArgument(f"give at most one of {', '.join('--' + n.replace('_', '-') for n in given)}")
-    return Grammar(GRAMMAR_OPTIONS[given[0]], getattr(args, given[0])) if given else None
+    return Grammar(given[0], getattr(args, given[0])) if given else None
 
 
 def logit_bias(pairs: list[str]) -> dict[int, float]:

@@ -426,11 +426,11 @@ def check_endpoint(
         Whose documented law the server follows (``"vllm"``, ``"llama.cpp"``; ``"hf"``): the order of
         the cuts and what the penalties count (:mod:`specverify_reference.penalties`); the laws
         after each prefix are processed with it, the prompt's tokens and the output's told apart.
+        (``None``: off) and applied to the raw logprobs.
     grammar : Grammar or its record ``{"kind", "source"}``, optional
         A structured-output constraint (:class:`specverify_reference.grammar.Grammar`), sent as vLLM's
         ``structured_outputs``; exact mode masks each teacher-forced law with it, over the local
         server's :func:`~specverify_reference.grammar.synthetic_vocabulary`.
-        (``None``: off) and applied to the raw logprobs.
     prompts : list of token-id lists, or a path to a JSON file holding one, optional
         Default: prompts derived from ``seed`` and the vocabulary.
     tier, seed, alpha, num_samples, max_new_tokens : as :func:`specverify.check_decoder`.

@@ -38,6 +38,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import torch
 
 from specverify.core.errors import SpecVerifyError
+from specverify.endpoint.api import STRUCTURED_FIELDS
 from specverify.endpoint.fidelity import MAX_TOP_LOGPROBS
 from specverify.endpoint.hostile import MISBEHAVIOURS, gzip_bomb, play, redirect_listing, targets
 from specverify.endpoint.served_logprobs import LOGPROB_FAULTS, choice_logprobs
@@ -293,7 +294,7 @@ def _grammar(field) -> Grammar | None:
     server's :func:`~specverify_reference.grammar.synthetic_vocabulary`."""
     if field is None:
         return None
-    kinds = {"json": "json_schema", "regex": "regex", "grammar": "ebnf"}
+    kinds = {field_name: kind for kind, field_name in STRUCTURED_FIELDS.items()}
     if not isinstance(field, dict) or len(field) != 1 or next(iter(field)) not in kinds:
         raise ValueError(f"structured_outputs must hold one of json, regex, grammar, got {reprlib.repr(field)}")
     ((name, value),) = field.items()
