@@ -276,7 +276,7 @@ def test_tiny_decoder_rejects_unknown_methods_before_writing_models():
     from specverify.adapters.vllm.engine import tiny_decoder
 
     with pytest.raises(InvalidArgument, match="method must be one of"):
-        tiny_decoder(method="eagle3")
+        tiny_decoder(method="eagle4")
 
 
 def test_eagle_decoder_speculative_config_needs_no_vllm():
@@ -287,6 +287,12 @@ def test_eagle_decoder_speculative_config_needs_no_vllm():
         method="eagle", model="/e", num_speculative_tokens=3, draft_sample_method="greedy"
     )
     assert "eagle, k=3, draft_sample_method=greedy" in repr(dec)
+    dec = VllmDecoder("/t", method="eagle3", k=3, eagle_dir="/e3", draft_sample_method="greedy")
+    assert dec._speculative_config() == dict(
+        method="eagle3", model="/e3", num_speculative_tokens=3, draft_sample_method="greedy"
+    )
+    with pytest.raises(InvalidArgument, match="eagle3.*needs eagle_dir"):
+        VllmDecoder("/t", method="eagle3")
 
 
 # ----------------------------------------------------------------------------- EAGLE checkpoint writer (CI, no vLLM)
@@ -403,6 +409,54 @@ def test_report_evidence_picks_the_strongest_failure():
     assert evidence(passing).startswith("no test flagged; smallest raw p")
 
 
+def test_eagle3_checkpoint_has_a_reduced_draft_vocabulary_mapped_into_the_targets(tmp_path):
+    """EAGLE-3's layout: d2t offsets and t2d mark the same 16 of 32 target ids (seeded, sorted, not contiguous),
+    lm_head is the target's rows of those ids, fc reads three aux states, the config names vLLM's loader."""
+    pytest.importorskip("transformers")
+    from safetensors.torch import load_file
+
+    from specverify.adapters.fixtures.eagle3_head import AUX_LAYER_IDS, EAGLE3_KEYS, draft_ids, save_tiny_eagle3
+    from specverify.adapters.fixtures.llama import save_tiny_models
+
+    path = save_tiny_eagle3(tmp_path, seed=0)
+    config, state = _read_eagle(path)
+    target = load_file(str(save_tiny_models(tmp_path, seed=0)[0] / "model.safetensors"))
+    assert set(state) == set(EAGLE3_KEYS)
+    ids = draft_ids(32, 16, seed=0)
+    assert ids.tolist() == sorted(set(ids.tolist())) and ids[-1] - ids[0] > 15  # a subset with gaps
+    assert torch.equal(torch.arange(16) + state["d2t"], ids) and state["d2t"].dtype == torch.long
+    assert torch.equal(state["t2d"].nonzero().flatten(), ids) and state["t2d"].dtype == torch.bool
+    assert torch.equal(state["lm_head.weight"], target["lm_head.weight"][ids])
+    assert torch.equal(state["embed_tokens.weight"], target["model.embed_tokens.weight"])
+    assert tuple(state["fc.weight"].shape) == (64, 3 * 64)
+    assert tuple(state["midlayer.self_attn.q_proj.weight"].shape) == (64, 2 * 64)
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 16
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == list(AUX_LAYER_IDS)
+    assert config["num_hidden_layers"] == 1 and config["vocab_size"] == 32
+    again = _read_eagle(save_tiny_eagle3(tmp_path / "b", seed=0))[1]
+    assert all(torch.equal(again[k], state[k]) for k in EAGLE3_KEYS)  # a pure function of the seed
+    assert not torch.equal(_read_eagle(save_tiny_eagle3(tmp_path, seed=1))[1]["d2t"], state["d2t"])
+
+
+def test_eagle3_state_dict_argument_checks():
+    from specverify.adapters.fixtures.eagle3_head import draft_ids, eagle3_config, eagle3_state_dict
+
+    base = {"vocab_size": 32, "hidden_size": 8, "intermediate_size": 16, "num_attention_heads": 2,
+            "num_hidden_layers": 2}  # fmt: skip
+    config = eagle3_config(base, draft_vocab_size=4)
+    good = {"model.embed_tokens.weight": torch.zeros(32, 8), "lm_head.weight": torch.zeros(32, 8)}
+    assert tuple(eagle3_state_dict(good, config, seed=0)["lm_head.weight"].shape) == (4, 8)
+    with pytest.raises(InvalidArgument, match="lm_head"):
+        eagle3_state_dict({**good, "lm_head.weight": torch.zeros(31, 8)}, config, seed=0)
+    with pytest.raises(InvalidArgument, match="draft_vocab_size"):
+        eagle3_config(base, draft_vocab_size=33)
+    with pytest.raises(InvalidArgument, match="layers"):
+        eagle3_config({**base, "num_hidden_layers": 1}, draft_vocab_size=4)
+    with pytest.raises(InvalidArgument, match="noise"):
+        eagle3_state_dict(good, config, seed=0, noise=-1.0)
+    assert draft_ids(5, 5, seed=3).tolist() == [0, 1, 2, 3, 4]
+
+
 @pytest.mark.xfail(
     reason="vLLM 0.32: apply_top_k_only calls k.max() on an empty step (reports/vllm/repro_topk_zero_drafts_crash.py)"
 )
@@ -423,3 +477,16 @@ def test_eagle_decoder_generates_the_right_shape(tmp_path, monkeypatch):
     assert tokens.shape == (4, 5) and tokens.dtype == torch.long
     assert ((tokens >= 0) & (tokens < 32)).all()
     assert dec.llm.llm_engine.vllm_config.speculative_config.method == "eagle"
+
+
+def test_eagle3_decoder_generates_the_right_shape(tmp_path, monkeypatch):
+    pytest.importorskip("vllm")
+    from specverify.adapters.vllm.engine import tiny_decoder
+
+    monkeypatch.setenv("SPECVERIFY_CACHE", str(tmp_path))
+    dec = tiny_decoder(method="eagle3", k=2, draft_sample_method="greedy")
+    tokens = dec.generate(torch.tensor([3, 1, 4, 1]), num_samples=4, max_new_tokens=5, seed=0)
+    assert tokens.shape == (4, 5) and tokens.dtype == torch.long
+    assert ((tokens >= 0) & (tokens < 32)).all()
+    spec = dec.llm.llm_engine.vllm_config.speculative_config
+    assert spec.method == "eagle3" and spec.draft_model_config.hf_config.draft_vocab_size == 16

@@ -59,6 +59,26 @@ def test_compare_reads_a_report_against_itself_and_sees_a_moved_number_and_verdi
     assert compare.main([str(tmp_path / "a"), str(tmp_path / "b")]) == 1
 
 
+def test_a_configuration_without_a_report_says_how_it_ended():
+    """HTTP 4xx is a refusal; a server that stopped answering crashed (with its logged cause); HTTP 5xx is a
+    server error; the options cell keeps what the server was asked, not how the audit ran."""
+    from tools.reports.matrix import _asked, _failure
+
+    url = "EndpointError: POST http://127.0.0.1:8000/v1/completions: "
+    assert _failure({"error": url + "HTTP 400: min_p is not supported"}) == (
+        "refused",
+        "HTTP 400: min_p is not supported",
+    )
+    crashed = {"error": url + "unreachable after 7 attempts", "server_error": "RuntimeError: index -288 out of bounds"}
+    assert _failure(crashed) == ("crashed", "the server died: RuntimeError: index -288 out of bounds")
+    assert _failure({"error": url + "HTTP 500: Internal", "server_error": "grammar rejected [0]"}) == (
+        "server error", "HTTP 500: Internal; it logged: grammar rejected [0]")  # fmt: skip
+    assert _failure({"error": "ServerError: exited with code 1"}) == ("not run", "ServerError: exited with code 1")
+    command = ("specverify audit --endpoint http://127.0.0.1:8000 --model m --samples-per-request 50 --top-k 12 "
+               "--json-schema '{\"type\": \"object\"}' --skip-determinism --tier smoke --seed 0 --out x --no-plots")  # fmt: skip
+    assert _asked(command) == '--top-k 12 --json-schema \'{"type": "object"}\''
+
+
 def test_the_engine_matrix_opens_the_reports_readme_and_is_current(tmp_path):
     """``reports/README.md`` opens with the matrix of every engine report, as the reports say now."""
     import shutil
@@ -70,7 +90,7 @@ def test_the_engine_matrix_opens_the_reports_readme_and_is_current(tmp_path):
     rows = matrix_rows(ROOT / "reports")
     assert text[text.index(START) : text.index(END) + len(END)] == render_matrix(rows)
     assert {r["engine"] for r in rows} >= {"vLLM", "transformers", "llama-cpp-python", "OpenVINO GenAI"}
-    reports = [r for r in rows if r["verdict"] != "refused"]
+    reports = [r for r in rows if r["verdict"] not in ("refused", "crashed", "server error", "not run")]
     assert len(reports) == sum(1 for _ in (ROOT / "reports").rglob("report.json")) - sum(
         1 for p in (ROOT / "reports").glob("*/report.json")
     )  # every engine report; the example reports (one level down) have their own index

@@ -10,6 +10,7 @@ argument parser reads every serve command line as meant; a real server audit is 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import re
@@ -22,11 +23,22 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import torch
 
 from tools.reports import vllm_served as vs
+from tools.reports import vllm_served_configs as vc
+from tools.reports import vllm_served_readme as vr
 
 ROOT = Path(__file__).resolve().parents[1]
-MODELS = vs.Models(Path("m/target"), Path("m/draft"), Path("m/eagle"), Path("m/tokenizer"))
+MODELS = vs.Models(
+    Path("m/target"),
+    Path("m/draft"),
+    Path("m/eagle"),
+    Path("m/tokenizer"),
+    Path("m/characters"),
+    Path("m/eagle3"),
+    Path("m/mimo"),
+)
 BY_NAME = {c.name: c for c in vs.CONFIGS}
 
 
@@ -52,10 +64,11 @@ def test_every_configuration_has_a_serve_command_line():
     for config in vs.CONFIGS:
         argv = vs.serve_argv(config, MODELS, port=8011)
         assert argv[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
-        assert _flag(argv, "--model") == "m/target" and _flag(argv, "--served-model-name") == vs.MODEL
+        assert _flag(argv, "--model") == ("m/mimo" if config.target == "mimo" else "m/target")
+        assert _flag(argv, "--served-model-name") == vs.MODEL
         assert (_flag(argv, "--host"), _flag(argv, "--port")) == ("127.0.0.1", "8011")
         assert _flag(argv, "--max-logprobs") == "-1" and _flag(argv, "--dtype") == "float32"
-        assert "--enforce-eager" in argv and ("--skip-tokenizer-init" in argv) != config.tokenizer
+        assert "--enforce-eager" in argv and ("--skip-tokenizer-init" in argv) != bool(config.tokenizer)
         assert shlex.split(vs.serve_line(argv)) == ["VLLM_CPU_KVCACHE_SPACE=1", *argv]
     assert "--speculative-config" not in vs.serve_argv(BY_NAME["control_no_spec_t1.0"], MODELS)
 
@@ -69,6 +82,9 @@ def test_every_configuration_has_a_serve_command_line():
                                          "draft_sample_method": "probabilistic"}),
         ("eagle_k3_t1.0", {"method": "eagle", "model": "m/eagle", "num_speculative_tokens": 3,
                            "draft_sample_method": "greedy"}),
+        ("eagle3_k3_t1.0", {"method": "eagle3", "model": "m/eagle3", "num_speculative_tokens": 3,
+                            "draft_sample_method": "greedy"}),
+        ("mtp_k3_t1.0", {"method": "mtp", "num_speculative_tokens": 3, "draft_sample_method": "greedy"}),
     ],
 )  # fmt: skip
 def test_speculative_configs_are_the_in_process_ones(name, expected):
@@ -77,53 +93,109 @@ def test_speculative_configs_are_the_in_process_ones(name, expected):
     argv = vs.serve_argv(BY_NAME[name], MODELS)
     assert json.loads(_flag(argv, "--speculative-config")) == expected
     config = BY_NAME[name]
-    decoder = VllmDecoder("m/target", method=config.method, k=3, draft_dir="m/draft", eagle_dir="m/eagle",
+    decoder = VllmDecoder("m/target", method=config.method, k=3, draft_dir="m/draft", eagle_dir="m/eagle3" if config.method == "eagle3" else "m/eagle",
                           draft_sample_method=config.draft_sample_method)  # fmt: skip
     assert decoder._speculative_config() == expected
 
 
 def test_configurations_name_their_in_process_reports():
     plain = [c for c in vs.CONFIGS if not c.options]
-    assert [c.method for c in plain] == [None, "ngram", "draft_model", "eagle", "ngram", "draft_model", "eagle"]
-    assert [c.skip_determinism for c in plain] == [False] * 4 + [True] * 3
+    methods = [None, "ngram", "draft_model", "eagle", "ngram", "draft_model", "eagle", "eagle3", "eagle3", None, "mtp",
+               "mtp"]  # fmt: skip
+    assert [c.method for c in plain] == methods
+    assert [c.skip_determinism for c in plain] == [False] * 4 + [True] * 3 + [False, True] + [False, False, True]
+    assert [c.name for c in plain if c.target == "mimo"] == [
+        "control_no_spec_mimo_t1.0", "mtp_k3_t1.0", "mtp_k3_t1.0_skip_determinism"]  # fmt: skip
     for config in plain:
+        if config.method in ("eagle3", "mtp") or config.target == "mimo":  # no in-process report of these
+            assert not config.inprocess
+            continue
         assert config.inprocess, config.name
         for name in config.inprocess:
             assert (ROOT / "reports" / "vllm" / name / "report.json").exists(), name
 
 
 def test_the_option_matrix_has_each_option_family_without_and_with_each_method(tmp_path):
-    """Four option families x (no speculation, ngram, draft model, EAGLE); the options reach the audit command."""
+    """Five option families x (no speculation, ngram, draft model, EAGLE); the options reach the audit command."""
     matrix = [c for c in vs.CONFIGS if c.options]
     families = {c.options for c in matrix}
-    assert families == {vs.PENALTIES, vs.MIN_P_BIAS, vs.LOGPROBS, vs.SCHEMA}
+    assert families == {vc.SAMPLING, vc.PENALTIES, vc.MIN_P_BIAS, vc.LOGPROBS, vc.SCHEMA}
     for family in families:
-        assert sorted(str(c.method) for c in matrix if c.options == family) == ["None", "draft_model", "eagle", "ngram"]
+        methods = sorted(str(c.method) for c in matrix if c.options == family)
+        assert methods == ["None", "draft_model", "eagle", "eagle3", "ngram"]
     assert all(c.skip_determinism == (c.method is not None) for c in matrix)
-    argv = vs.audit_argv(port=1, seed=0, tier="smoke", num_samples=None, out=tmp_path, options=vs.MIN_P_BIAS)
+    assert len({c.name for c in vs.CONFIGS}) == len(vs.CONFIGS) == 12 + 5 * 5
+    argv = vs.audit_argv(port=1, seed=0, tier="smoke", num_samples=None, out=tmp_path, options=vc.MIN_P_BIAS)
     assert argv[argv.index("--min-p") + 1] == "0.02" and argv.count("--logit-bias") == 2
+    with pytest.raises(ValueError, match="tokenizer"):
+        vc.Served("x", "x", None, tokenizer="bpe")
+    with pytest.raises(ValueError, match="target"):
+        vc.Served("x", "x", None, target="gpt")
+    with pytest.raises(ValueError, match="drafts for the mimo target"):
+        vc.Served("x", "x", "mtp")
+    with pytest.raises(ValueError, match="drafts for the llama target"):
+        vc.Served("x", "x", "eagle", target="mimo")
 
 
-def test_logprob_configurations_are_served_with_the_word_level_tokenizer():
-    """vLLM renders logprobs only with a tokenizer: those rows swap --skip-tokenizer-init for one, keyed by id."""
+def test_tokenizers_and_reference_servers_are_where_the_options_need_them():
+    """vLLM renders logprobs only with a tokenizer and compiles a grammar only with one whose strings spell it:
+    the logprob rows use the id tokenizer and a reference server, the schema rows the character tokenizer."""
     for config in vs.CONFIGS:
         argv = vs.serve_argv(config, MODELS)
+        assert config.reference == (config.options == vc.LOGPROBS)
         if config.tokenizer:
-            assert config.options == vs.LOGPROBS and "--skip-tokenizer-init" not in argv
-            assert argv[argv.index("--tokenizer") + 1] == "m/tokenizer" and "--return-tokens-as-token-ids" in argv
+            assert "--skip-tokenizer-init" not in argv and "--return-tokens-as-token-ids" in argv
+            expected = {"ids": (vc.LOGPROBS, "m/tokenizer"), "characters": (vc.SCHEMA, "m/characters")}
+            assert (config.options, _flag(argv, "--tokenizer")) == expected[config.tokenizer]
         else:
             assert "--skip-tokenizer-init" in argv and "--tokenizer" not in argv
-    assert sum(c.tokenizer for c in vs.CONFIGS) == 4
+    assert sorted(c.tokenizer for c in vs.CONFIGS if c.tokenizer) == ["characters"] * 5 + ["ids"] * 5
+    argv = vs.audit_argv(port=8011, seed=0, tier="smoke", num_samples=None, out=Path("x"), reference_port=8012)
+    assert _flag(argv, "--reference-endpoint") == "http://127.0.0.1:8012"
 
 
 def test_the_word_level_tokenizer_names_each_id(tmp_path):
     pytest.importorskip("tokenizers")
     from transformers import AutoTokenizer
 
-    path = vs.write_tokenizer(tmp_path / "tokenizer", vocab_size=32)
+    path = vs.write_tokenizer(tmp_path / "tokenizer", [f"<t{i}>" for i in range(32)])
     tokenizer = AutoTokenizer.from_pretrained(path)
     assert len(tokenizer) == 32 and tokenizer.convert_ids_to_tokens([0, 7, 31]) == ["<t0>", "<t7>", "<t31>"]
-    assert tokenizer("<t3> <t30>")["input_ids"] == [3, 30]
+    assert tokenizer("<t3> <t30>")["input_ids"] == [3, 30] and tokenizer.eos_token_id is None
+    with pytest.raises(ValueError, match="distinct"):
+        vs.write_tokenizer(tmp_path / "twice", ["a", "a"])
+
+
+def test_the_character_tokenizer_is_the_grammars_vocabulary_as_vllm_reads_it(tmp_path):
+    """vLLM builds xgrammar's tokenizer info with ``TokenizerInfo.from_huggingface(tokenizer, vocab_size=V)``
+    and adds the tokenizer's end-of-sequence id to the grammar's stop tokens: read that way, the character
+    tokenizer is the audit's vocabulary (raw strings, stop ``</s>`` = V - 1), so the masks agree."""
+    pytest.importorskip("tokenizers")
+    xgr = pytest.importorskip("xgrammar")
+    from transformers import AutoTokenizer
+
+    from specverify_reference.grammar import STOP_TEXT, Grammar, grammar_bitmask, synthetic_vocabulary
+    from specverify_reference.penalties import History
+
+    V = 32
+    tokenizer = AutoTokenizer.from_pretrained(
+        vs.write_tokenizer(tmp_path / "c", synthetic_vocabulary(V), eos=STOP_TEXT)
+    )
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=V)
+    assert info.vocab_type == xgr.VocabType.RAW and tokenizer.eos_token_id == V - 1
+    assert [t.decode() for t in info.decoded_vocab] == list(synthetic_vocabulary(V))
+    schema = Grammar("json_schema", _flag(list(vc.SCHEMA), "--json-schema"))
+    compiled = xgr.GrammarCompiler(info).compile_json_schema(schema.source, any_whitespace=True)
+    text = '{"name": "ab'
+    ids = [synthetic_vocabulary(V).index(c) for c in text]
+    history = History(torch.tensor([[0, *ids]]), 1, torch.arange(1, len(ids) + 1)[None])  # law j after ids[:j]
+    ours = grammar_bitmask(schema, history, V)  # (1, n, W)
+    matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=[tokenizer.eos_token_id])
+    for j, token in enumerate(ids):
+        theirs = xgr.allocate_token_bitmask(1, V)
+        matcher.fill_next_token_bitmask(theirs, 0)
+        assert torch.equal(theirs[0], ours[0, j]), (j, text[:j])
+        assert matcher.accept_token(token)
 
 
 def test_audit_arguments_parse_to_the_canonical_endpoint_command(tmp_path):
@@ -143,6 +215,28 @@ def test_audit_arguments_parse_to_the_canonical_endpoint_command(tmp_path):
         f"--samples-per-request {vs.SAMPLES_PER_REQUEST} --tier smoke --seed 3 --alpha 0.001"
     )
     assert "--num-samples" not in vs.audit_argv(port=1, seed=0, tier="smoke", num_samples=None, out=tmp_path)
+
+
+def test_a_dead_servers_root_cause_is_read_from_its_log(tmp_path):
+    """The worker's exception, not the harmless start-up warning nor the engine's wrappers after it."""
+    log = tmp_path / "server.log"
+    log.write_text(
+        "(APIServer pid=1) WARNING 12-07 13:40:44 [base.py:380] ValueError: Tokenizer not available\n"
+        "(Worker pid=2) ERROR 12-07 13:40:50 [multiproc_executor.py:1063] Traceback (most recent call last):\n"
+        "(Worker pid=2) ERROR 12-07 13:40:50 [multiproc_executor.py:1063]     top_k_mask = logits_sort.gather(1, k)\n"
+        "(Worker pid=2) ERROR 12-07 13:40:50 [multiproc_executor.py:1063] RuntimeError: index -288 is out of bounds\n"
+        "(EngineCore pid=3) ERROR 12-07 13:40:50 [core.py:1512] RuntimeError: Worker failed with error 'index'\n"
+        "(APIServer pid=1) ERROR 12-07 13:40:50 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: x\n"
+    )
+    assert vs.server_error(log) == "RuntimeError: index -288 is out of bounds"
+    assert vs.server_error(tmp_path / "absent.log") is None
+    log.write_text("(APIServer pid=1) WARNING x [base.py:380] ValueError: Tokenizer not available\n")
+    assert vs.server_error(log) is None
+    log.write_text(
+        "(APIServer pid=1) ERROR 12-07 14:02:40 [repo_utils.py:126] Error parsing config for m/characters: x\n"
+        "(EngineCore pid=2) ERROR 12-07 14:03:22 [scheduler.py:2189] Unexpected: grammar rejected tokens [0].\n"
+    )
+    assert vs.server_error(log) == "Unexpected: grammar rejected tokens [0]."
 
 
 # ----------------------------------------------------------------------------- waiting for the server
@@ -222,11 +316,11 @@ def test_spec_decode_counters_are_read_from_the_metrics_text():
     counters = vs.spec_decode_counters(METRICS)
     assert counters == {"drafts": 340, "draft_tokens": 1020, "accepted_tokens": 12,
                         "accepted_per_position": {"0": 11, "1": 1}}  # fmt: skip
-    assert vs._acceptance(counters) == "12 / 1,020 (1.2 %); position 1: 3.2 %"
+    assert vr._acceptance(counters) == "12 / 1,020 (1.2 %); position 1: 3.2 %"
     assert vs.spec_decode_counters("vllm:num_requests_running 0.0\n") is None
-    assert vs._acceptance(None) == "-"
+    assert vr._acceptance(None) == "-"
     one = {"distinct_prefix_laws": 1, "teacher_forcing_requests": 1, "laws_per_request": 1.0}
-    assert vs._memo({"memo": one}) == "1.00 (1 law / 1 request)" and vs._memo({"memo": None}) == "-"
+    assert vr._memo({"memo": one}) == "1.00 (1 law / 1 request)" and vr._memo({"memo": None}) == "-"
 
 
 def test_a_large_sample_store_stays_in_scratch(tmp_path):
@@ -340,22 +434,35 @@ def test_readme_only_writes_the_readme(tmp_path, capsys):
 
 @needs_engine_module
 def test_one_configuration_end_to_end_against_the_local_test_server(tmp_path, monkeypatch):
-    """The whole path -- serve, wait, audit, report, run.json, stop -- with the local test server in place of vLLM."""
+    """The whole path -- serve the server under test and its reference, wait, audit (the laws from the
+    reference, prompt logprobs compared), report, run.json, stop both -- with the local test server in
+    place of vLLM."""
     port = _free_port()
-    local = ["python", "-m", "specverify.endpoint.localserver", "--port", str(port), "--max-logprobs", "-1",
-             "--model-name", vs.MODEL, "--no-speculation"]  # fmt: skip
-    monkeypatch.setattr(vs, "serve_argv", lambda config, models, port: local)
+    while vs.port_answers(port + 1):
+        port = _free_port()
+
+    def local(config, models, port):
+        return ["python", "-m", "specverify.endpoint.localserver", "--port", str(port), "--max-logprobs", "-1",
+                "--model-name", vs.MODEL, "--no-speculation"]  # fmt: skip
+
+    monkeypatch.setattr(vs, "serve_argv", local)
+    config = BY_NAME["control_no_spec_logprobs"]
     out, scratch = tmp_path / "out", tmp_path / "scratch"
-    record = vs.run_config(vs.CONFIGS[0], MODELS, out=out, scratch=scratch, seed=0, tier="smoke", num_samples=200,
+    record = vs.run_config(config, MODELS, out=out, scratch=scratch, seed=0, tier="smoke", num_samples=200,
                            port=port, ready_timeout=60.0)  # fmt: skip
     assert record["error"] is None, record["error"]
-    report = json.loads((out / vs.CONFIGS[0].name / "report.json").read_text())
+    report = json.loads((out / config.name / "report.json").read_text())
     assert report["verdict"] in ("pass", "suspicious")
     assert report["command"].startswith(f"specverify audit --endpoint http://127.0.0.1:{port} --model {vs.MODEL}")
+    assert f"--reference-endpoint http://127.0.0.1:{port + 1}" in report["command"]
+    assert f"--port {port + 1}" in record["reference_serve_command"]
+    fidelity = report["extra"]["logprob_fidelity"]
+    assert fidelity["verdict"] == fidelity["prompt"]["verdict"] == "pass", fidelity
+    assert fidelity["prompt"]["tokens_checked"] > 0 and fidelity["prompt"]["top_entries_checked"] > 0, fidelity
     assert record["spec_decode"] is None  # the local server has no /metrics
-    assert record["samples"]["committed"] and (out / vs.CONFIGS[0].name / "samples.jsonl").exists()
-    assert json.loads((out / vs.CONFIGS[0].name / "run.json").read_text())["audit_command"] == report["command"]
-    assert not vs.port_answers(port)  # the server was stopped
+    assert record["samples"]["committed"] and (out / config.name / "samples.jsonl").exists()
+    assert json.loads((out / config.name / "run.json").read_text())["audit_command"] == report["command"]
+    assert not vs.port_answers(port) and not vs.port_answers(port + 1)  # both servers were stopped
 
 
 # ----------------------------------------------------------------------------- with vLLM
@@ -372,12 +479,14 @@ for line in json.loads(sys.argv[1]):
     argv = shlex.split(line)[4:]  # drop the environment and python -m module
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
     spec = argv[argv.index("--speculative-config") + 1] if "--speculative-config" in argv else None
-    assert args.max_logprobs == -1 and args.skip_tokenizer_init and args.enforce_eager, line
+    assert args.max_logprobs == -1 and args.skip_tokenizer_init == (args.tokenizer is None), line
+    assert args.enforce_eager, line
     assert args.dtype == "float32" and args.max_model_len == 128 and args.port == 8000, line
     assert args.speculative_config == (None if spec is None else json.loads(spec)), (args.speculative_config, line)
 print("ok")
 """
     lines = [vs.serve_line(vs.serve_argv(c, MODELS)) for c in vs.CONFIGS]
+    lines += [vs.serve_line(vs.serve_argv(dataclasses.replace(c, method=None), MODELS)) for c in vs.CONFIGS]
     done = subprocess.run([sys.executable, "-c", code, json.dumps(lines)], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 

