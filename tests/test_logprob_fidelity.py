@@ -170,12 +170,12 @@ def test_prompt_logprobs_are_checked_against_the_reference_endpoint(reference, t
     server = Server("--max-logprobs", "-1", *(("--logprob-fault", fault) if fault else ()))
     try:
         report = check_endpoint(server.url, "tiny-reference", reference_url=reference.url, logprobs=2,
-                                out_dir=tmp_path, temperature=0.8, **SMALL)  # fmt: skip
+                                out_dir=tmp_path, temperature=0.8, **{**SMALL, "num_samples": 120})  # fmt: skip
     finally:
         server.close()
     fidelity = report.extra["logprob_fidelity"]
     sampled, prompt = fidelity["verdict"], fidelity["prompt"]
-    assert report.passed and fidelity["tokens_checked"] >= 2 * 300 * 4, report.summary()
+    assert report.passed and fidelity["tokens_checked"] >= 2 * 120 * 4, report.summary()
     # 2 prompts x 8 sequences x 4 positions: every listed top-2 entry checked, the token's own where listed
     assert prompt["top_entries_checked"] == 2 * 8 * 4 * 2 and prompt["tokens_checked"] > 0
     if fault is None:

@@ -58,10 +58,18 @@ ENGINES = {
 }
 
 
+#: Example reports whose rerun is nightly (``slow``), for CI's time: each is a smoke audit of 30-50 s on
+#: 2 cores whose code CI exercises otherwise -- the catalogue mutant by the wheel's selftest, the tree
+#: verifier by ``tests/tree`` -- while the decoder's and the drafter's reruns, and the recorded verifier
+#: run (on three CPU paths), stay in CI.
+NIGHTLY_RERUNS = ("mutant-residual-is-p", "reference-tree-verifier")
+
+
 def _committed_params():
     for path in COMMITTED:
         name = str(path.parent.relative_to(REPORTS))
-        marks = [pytest.mark.slow] if len(path.relative_to(REPORTS).parts) > 2 else []  # engine/<config>/report.json
+        deep = len(path.relative_to(REPORTS).parts) > 2  # engine/<config>/report.json
+        marks = [pytest.mark.slow] if deep or name in NIGHTLY_RERUNS else []
         yield pytest.param(path, id=name, marks=marks)
 
 
