@@ -85,13 +85,19 @@ class Grammar:
 
     A JSON schema is stored canonically (``json.dumps(..., sort_keys=True)``); the source is
     compiled on first use for a vocabulary width, and a schema, expression or grammar xgrammar
-    cannot compile is an :class:`InvalidArgument` then.
+    cannot compile is an :class:`InvalidArgument` then.  ``tokenizer``: the served model's tokenizer
+    (a Hugging Face tokenizer directory), whose token strings the masks are computed over, read as
+    vLLM reads it (``xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=V)``, its
+    end-of-sequence id the stop token); None: :func:`synthetic_vocabulary` (the tiny models').
     """
 
     kind: str
     source: str
+    tokenizer: str | None = None
 
     def __post_init__(self):
+        if self.tokenizer is not None and (not isinstance(self.tokenizer, str) or not self.tokenizer):
+            raise InvalidArgument(f"grammar tokenizer must be a directory path, got {self.tokenizer!r}")
         if self.kind not in GRAMMAR_KINDS:
             raise InvalidArgument(f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}, got {self.kind!r}")
         source = self.source
@@ -111,15 +117,17 @@ class Grammar:
 
     def record(self) -> dict:
         """The grammar as a report records it (:meth:`of` reads it back)."""
-        return {"kind": self.kind, "source": self.source}
+        out = {"kind": self.kind, "source": self.source}
+        return out if self.tokenizer is None else {**out, "tokenizer": self.tokenizer}
 
     @classmethod
     def of(cls, value) -> Grammar | None:
-        """``value`` as a Grammar: None, a Grammar, or a :meth:`record` mapping ``{"kind", "source"}``."""
+        """``value`` as a Grammar: None, a Grammar, or a :meth:`record` mapping ``{"kind", "source"}``
+        (and ``"tokenizer"``)."""
         if value is None or isinstance(value, Grammar):
             return value
-        if isinstance(value, dict) and set(value) == {"kind", "source"}:
-            return cls(value["kind"], value["source"])
+        if isinstance(value, dict) and {"kind", "source"} <= set(value) <= {"kind", "source", "tokenizer"}:
+            return cls(value["kind"], value["source"], value.get("tokenizer"))
         raise InvalidArgument(f"grammar must be a Grammar or a mapping with kind and source, got {value!r}")
 
 
@@ -133,14 +141,35 @@ def _xgrammar():
     return xgrammar
 
 
+@functools.lru_cache(maxsize=8)
+def _tokenizer_info(tokenizer: str | None, vocab_size: int):
+    """xgrammar's view of the vocabulary: :func:`synthetic_vocabulary`, or a Hugging Face tokenizer read
+    as vLLM's ``XgrammarBackend`` reads it (``from_huggingface``; stop token: its end-of-sequence id)."""
+    xgr = _xgrammar()
+    if tokenizer is None:
+        return xgr.TokenizerInfo(
+            list(synthetic_vocabulary(vocab_size)), vocab_type=xgr.VocabType.RAW, vocab_size=vocab_size,
+            stop_token_ids=[stop_id(vocab_size)],
+        )  # fmt: skip
+    try:
+        from transformers import AutoTokenizer
+
+        hf = AutoTokenizer.from_pretrained(tokenizer)
+    except (ImportError, OSError, ValueError) as error:
+        raise InvalidArgument(f"grammar tokenizer {tokenizer!r} cannot be loaded: {error}") from None
+    if len(hf) > vocab_size:
+        raise InvalidArgument(
+            f"grammar tokenizer {tokenizer!r} has {len(hf)} tokens, more than the {vocab_size} of the laws"
+        )
+    stops = None if hf.eos_token_id is None else [int(hf.eos_token_id)]
+    return xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab_size, stop_token_ids=stops)
+
+
 @functools.lru_cache(maxsize=32)
 def _compiled(grammar: Grammar, vocab_size: int):
-    """The compiled grammar over :func:`synthetic_vocabulary` of ``vocab_size`` (cached)."""
+    """The compiled grammar over the grammar's vocabulary of ``vocab_size`` tokens (cached)."""
     xgr = _xgrammar()
-    info = xgr.TokenizerInfo(
-        list(synthetic_vocabulary(vocab_size)), vocab_type=xgr.VocabType.RAW, vocab_size=vocab_size,
-        stop_token_ids=[stop_id(vocab_size)],
-    )  # fmt: skip
+    info = _tokenizer_info(grammar.tokenizer, vocab_size)
     compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
     try:
         if grammar.kind == "json_schema":

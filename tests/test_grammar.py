@@ -165,3 +165,72 @@ def test_masking_block_by_block_is_the_whole_mask(monkeypatch):
     masked = grammar_module.mask_logits_(logits.clone(), grammar, history)
     allowed = allowed_masks(grammar, history, V)
     assert torch.equal(torch.isfinite(masked), allowed) and torch.equal(masked[allowed], logits[allowed])
+
+
+# ----------------------------------------------------------------------------- a served model's own tokenizer
+
+
+def _byte_level_tokenizer(path) -> list[str]:
+    """A GPT-2-style byte-level BPE tokenizer (``Ġ`` is a space), written offline; its token strings by id."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["a", "b", "Ġ", "Ġa", "ab", "aa", "Ġb", "{", "}", '"', "</s>"]
+    model = tokenizers.models.BPE(vocab={w: i for i, w in enumerate(words)}, merges=[])
+    tokenizer = tokenizers.Tokenizer(model)
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = tokenizers.decoders.ByteLevel()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="</s>").save_pretrained(path)
+    return words
+
+
+def test_masks_follow_a_served_tokenizers_strings(tmp_path):
+    """With ``tokenizer``, the masks are over that tokenizer's decoded strings (byte-level ``Ġ`` read as a
+    space, as vLLM's xgrammar backend reads it), its end-of-sequence id the stop token: the independent
+    matcher over those strings agrees at every prefix of a walk."""
+    pytest.importorskip("transformers")
+    words = _byte_level_tokenizer(tmp_path / "tok")
+    texts = [w.replace("Ġ", " ") for w in words]
+    width, stop = 16, words.index("</s>")  # the laws may be wider than the tokenizer (a padded head)
+    grammar = Grammar("regex", "a+( b?a)*", str(tmp_path / "tok"))
+    path = [words.index(w) for w in ("a", "aa", "Ġa", "Ġb", "a")]  # "aaa a ba": every step allowed
+    masks = allowed_masks(grammar, History(torch.tensor([[0, *path]]), 1, torch.arange(1, 7)[None]), width)
+    text = ""
+    for j in range(len(path) + 1):
+        want = torch.zeros(width, dtype=torch.bool)
+        for i, piece in enumerate(texts):
+            if i != stop:
+                want[i] = regex.fullmatch("a+( b?a)*", text + piece, partial=True) is not None
+        want[stop] = regex.fullmatch("a+( b?a)*", text) is not None
+        assert torch.equal(masks[0, j], want), (j, repr(text))
+        text += texts[path[j]] if j < len(path) else ""
+    assert masks[0, 1, words.index("Ġa")] and not masks[0, 0, words.index("Ġa")]  # a space only after a letter
+    record = grammar.record()
+    assert record == {"kind": "regex", "source": "a+( b?a)*", "tokenizer": str(tmp_path / "tok")}
+    assert Grammar.of(record) == grammar and Grammar.of({"kind": "regex", "source": "a"}).tokenizer is None
+
+
+def test_a_tokenizer_that_cannot_serve_the_laws_is_refused(tmp_path):
+    pytest.importorskip("transformers")
+    _byte_level_tokenizer(tmp_path / "tok")
+    one = History.of_prefixes(torch.zeros(1, 1, dtype=torch.long), 1)
+    with pytest.raises(InvalidArgument, match="11 tokens, more than the 8"):
+        allowed_masks(Grammar("regex", "a+", str(tmp_path / "tok")), one, 8)
+    with pytest.raises(InvalidArgument, match="cannot be loaded"):
+        allowed_masks(Grammar("regex", "a+", str(tmp_path / "absent")), one, 16)
+    with pytest.raises(InvalidArgument, match="directory path"):
+        Grammar("regex", "a+", "")
+
+
+def test_the_cli_sends_the_grammar_tokenizer_into_the_canonical_command(tmp_path):
+    from specverify.cli.commands import parse_command
+    from specverify.cli.endpoint import endpoint_command, grammar
+
+    base = "specverify audit --endpoint http://127.0.0.1:1 --model m --regex a+"
+    args = parse_command(base + f" --grammar-tokenizer {tmp_path}")
+    assert grammar(args) == Grammar("regex", "a+", str(tmp_path))
+    assert f"--regex a+ --grammar-tokenizer {tmp_path}" in endpoint_command(args)
+    with pytest.raises(InvalidArgument, match="--grammar-tokenizer needs a grammar"):
+        grammar(
+            parse_command(f"specverify audit --endpoint http://127.0.0.1:1 --model m --grammar-tokenizer {tmp_path}")
+        )

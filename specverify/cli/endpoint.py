@@ -65,6 +65,10 @@ def add_arguments(audit) -> None:
     group.add_argument("--regex", metavar="PATTERN", help="structured output: a regular expression (as --json-schema)")
     group.add_argument("--ebnf", metavar="GRAMMAR", help="structured output: an EBNF grammar, root rule 'root' "
                        "(as --json-schema)")  # fmt: skip
+    group.add_argument("--grammar-tokenizer", metavar="DIR", dest="grammar_tokenizer",
+                       help="the served model's tokenizer (a Hugging Face tokenizer directory): the grammar's masks "
+                       "over its token strings, read as vLLM reads them (default: the tiny models' synthetic "
+                       "vocabulary)")  # fmt: skip
     group.add_argument("--law-of", choices=LAWS, default="vllm", dest="law_of",
                        help="whose documented sampling law the server follows: the cuts' order and what the "
                        "penalties count (default vllm)")  # fmt: skip
@@ -157,7 +161,10 @@ def grammar(args):
     given = [kind for kind in GRAMMAR_KINDS if getattr(args, kind, None) is not None]
     if len(given) > 1:
         raise InvalidArgument(f"give at most one of {', '.join('--' + n.replace('_', '-') for n in given)}")
-    return Grammar(given[0], getattr(args, given[0])) if given else None
+    tokenizer = getattr(args, "grammar_tokenizer", None)
+    if tokenizer is not None and not given:
+        raise InvalidArgument("--grammar-tokenizer needs a grammar (--json-schema, --regex or --ebnf)")
+    return Grammar(given[0], getattr(args, given[0]), tokenizer) if given else None
 
 
 def logit_bias(pairs: list[str]) -> dict[int, float]:
@@ -200,6 +207,8 @@ def endpoint_argv(args) -> list[str]:
     constraint = grammar(args)
     if constraint is not None:
         argv += ["--" + constraint.kind.replace("_", "-"), constraint.source]
+        if constraint.tokenizer is not None:
+            argv += ["--grammar-tokenizer", constraint.tokenizer]
     if args.law_of != "vllm":
         argv += ["--law-of", args.law_of]
     if args.logprobs is not None:

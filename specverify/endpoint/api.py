@@ -83,7 +83,8 @@ class Sampling:
     OpenAI's ``{"id": bias}``.  ``grammar`` is sent as vLLM's ``structured_outputs`` (``json``,
     ``regex`` or ``grammar``); the teacher-forced laws then apply its mask per prefix, over the
     token strings of :func:`~specverify_reference.grammar.synthetic_vocabulary` (the local
-    server's; two-sample mode needs no token strings).
+    server's), or of the served model's tokenizer when the grammar names one (``--grammar-tokenizer``);
+    two-sample mode needs no token strings.
     """
 
     temperature: float = 1.0

@@ -430,7 +430,8 @@ def check_endpoint(
     grammar : Grammar or its record ``{"kind", "source"}``, optional
         A structured-output constraint (:class:`specverify_reference.grammar.Grammar`), sent as vLLM's
         ``structured_outputs``; exact mode masks each teacher-forced law with it, over the local
-        server's :func:`~specverify_reference.grammar.synthetic_vocabulary`.
+        server's :func:`~specverify_reference.grammar.synthetic_vocabulary` or, when it names one
+        (``tokenizer``), the served model's tokenizer.
     prompts : list of token-id lists, or a path to a JSON file holding one, optional
         Default: prompts derived from ``seed`` and the vocabulary.
     tier, seed, alpha, num_samples, max_new_tokens : as :func:`specverify.check_decoder`.

@@ -205,9 +205,12 @@ SCHEMA_FINDING = (
     "draft model **the server emitted tokens the grammar forbids**: its log shows `grammar rejected tokens "
     "[0]` (`{`, 258 times; `[5, 0]` twice) and `Failed to advance FSM ... Please file an issue` "
     "(`backend_xgrammar.py` line 201), vLLM terminated those requests and the audit got HTTP 500 (NOT RUN). "
-    "A verified token the mask forbids is what the per-draft-token temperature from uninitialised memory "
-    "would produce (a masked `-inf` logit divided by a negative value), but this is not reduced to a "
-    "standalone repro here."
+    "Standalone: [`repro_grammar_draft_model_forbidden_tokens.py`](repro_grammar_draft_model_forbidden_tokens.py) "
+    "(in process, no specverify): with probabilistic drafts 121 of 400 outputs leave the schema's language and "
+    "end unfinished; without speculation, and with greedy drafts, 0 of 400. Upstream: the same log line with "
+    "other triggers (MTP at a reasoning boundary, [#44006](https://github.com/vllm-project/vllm/issues/44006); "
+    "DFlash drafts, [#53777](https://github.com/vllm-project/vllm/issues/53777)); no report found for a "
+    "probabilistic draft model without reasoning."
 )
 EAGLE3_FINDING = (
     "vLLM loads it and drafts with it (2,726 of 162,255 draft tokens accepted at T = 1; the tiny head is a poor "
@@ -302,8 +305,9 @@ table gives their upstream status) and [`repro_topk_speculation_kills_engine.py`
   `vllm/v1/sample/ops/topk_topp_sampler.py` line 500), and the API server exits: one request with top-k to a
   speculative vLLM-CPU server takes it down for every user. The per-draft-token top-k is the output of the CPU
   `expand_batch_to_tokens`, whose int32 result is uninitialised memory (finding 1 of ../README.md; upstream
-  vllm-project/vllm#55005, fix #55006 open). Standalone: `repro_topk_speculation_kills_engine.py` (in process,
-  no specverify).
+  vllm-project/vllm#55005, fix #55006 open; this very crash message is described in the closed, unmerged
+  [#42638](https://github.com/vllm-project/vllm/pull/42638)). Standalone:
+  `repro_topk_speculation_kills_engine.py` (in process, no specverify).
 - **Penalties** (T 0.9, frequency 0.6, presence 0.4; vLLM's documented law: over the output only, after
   the bias and before the temperature): the control passes, so vLLM's sampler follows that law; every
   speculative method fails, as it already fails at plain T = 1 (goodness-of-fit failures at p = 0 in both;
