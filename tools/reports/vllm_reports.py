@@ -134,6 +134,10 @@ E2E_CONFIGS = (
     _e2e("e2e_eagle_probabilistic_k3_t1.0_patch_expand_seed_global", "pass",
          "diagnostic: EAGLE draft_sample_method=probabilistic, K=3, T=1, patched expand, seeded global RNG",
          method="eagle", k=3, draft_sample_method="probabilistic", seed_global_rng=True, **PATCH),
+    _e2e("e2e_eagle3_k3_t1.0_patch_expand", "pass",
+         "diagnostic: EAGLE-3 head with 16 of the 32 tokens as its draft vocabulary, greedy, K=3, T=1, patched expand "
+         "(the other 16 reach the output only through the residual and the bonus token)", method="eagle3", k=3,
+         draft_sample_method="greedy", **PATCH),
     _e2e("e2e_eagle_fcbias_k3_t1.0_patch_expand", "pass",
          "diagnostic: EAGLE greedy with an fc bias (`\"bias\": true`: uninitialised attention biases in vLLM), K=3, "
          "T=1, patched expand", method="eagle", k=3, draft_sample_method="greedy", eagle_fc_bias=True, **PATCH),
