@@ -116,17 +116,17 @@ def test_configurations_name_their_in_process_reports():
 
 
 def test_the_option_matrix_has_each_option_family_without_and_with_each_method(tmp_path):
-    """Five option families x (no speculation, ngram, draft model, EAGLE); the options reach the audit command."""
+    """Six option families x (no speculation, ngram, draft model, EAGLE); the options reach the audit command."""
     matrix = [c for c in vs.CONFIGS if c.options]
     families = {c.options for c in matrix}
-    assert families == {vc.SAMPLING, vc.PENALTIES, vc.MIN_P_BIAS, vc.LOGPROBS, vc.SCHEMA}
+    assert families == {vc.SAMPLING, vc.PENALTIES, vc.MIN_P_BIAS, vc.REPETITION, vc.LOGPROBS, vc.SCHEMA}
     for family in families:
         methods = sorted(str(c.method) for c in matrix if c.options == family)
         assert methods == ["None", "None", "draft_model", "eagle", "eagle3", "mtp", "ngram"]  # Llama, then MiMo
         assert [c.target for c in matrix if c.options == family and c.method in (None, "mtp")] == [
             "llama", "mimo", "mimo"]  # fmt: skip
     assert all(c.skip_determinism == (c.method is not None) for c in matrix)
-    assert len({c.name for c in vs.CONFIGS}) == len(vs.CONFIGS) == 12 + 5 * 5 + 5 * 2
+    assert len({c.name for c in vs.CONFIGS}) == len(vs.CONFIGS) == 12 + 6 * 5 + 6 * 2
     argv = vs.audit_argv(port=1, seed=0, tier="smoke", num_samples=None, out=tmp_path, options=vc.MIN_P_BIAS)
     assert argv[argv.index("--min-p") + 1] == "0.02" and argv.count("--logit-bias") == 2
     with pytest.raises(ValueError, match="tokenizer"):
@@ -144,7 +144,7 @@ def test_tokenizers_and_reference_servers_are_where_the_options_need_them():
     the logprob rows use the id tokenizer and a reference server, the schema rows the character tokenizer."""
     for config in vs.CONFIGS:
         argv = vs.serve_argv(config, MODELS)
-        assert config.reference == (config.options == vc.LOGPROBS)
+        assert config.reference == (config.options in (vc.LOGPROBS, vc.REPETITION))
         if config.tokenizer:
             assert "--skip-tokenizer-init" not in argv and "--return-tokens-as-token-ids" in argv
             expected = {"ids": (vc.LOGPROBS, "m/tokenizer"), "characters": (vc.SCHEMA, "m/characters")}

@@ -96,6 +96,10 @@ def family(
 #: tokens' plus the prompt logprobs of sampled sequences (logprob fidelity); a JSON schema output.
 SAMPLING = ("--temperature", "0.7", "--top-k", "12", "--top-p", "0.9")
 PENALTIES = ("--temperature", "0.9", "--frequency-penalty", "0.6", "--presence-penalty", "0.4")
+#: vLLM's repetition penalty counts the prompt's tokens as well as the output's and divides positive
+#: logits (multiplies negative ones): the exact-conditional mode refuses it, so the family compares
+#: samples with the reference server's (two-sample mode).
+REPETITION = ("--temperature", "0.9", "--repetition-penalty", "1.3", "--two-sample")
 MIN_P_BIAS = ("--temperature", "0.9", "--min-p", "0.02", "--logit-bias", "5=1.5", "--logit-bias", "9=-2")
 LOGPROBS = ("--logprobs", "3")
 SCHEMA = ("--json-schema", '{"properties": {"name": {"type": "string"}}, "required": ["name"], "type": "object"}')
@@ -105,6 +109,8 @@ _FAMILY_SPECS: tuple[tuple[str, str, tuple[str, ...], dict], ...] = (
     ("t0.7_topk12_topp0.9", "T=0.7, top-k 12, top-p 0.9", SAMPLING, {}),
     ("penalties", "T=0.9, frequency 0.6, presence 0.4", PENALTIES, {}),
     ("minp_bias", "T=0.9, min-p 0.02, logit bias 5=1.5 9=-2", MIN_P_BIAS, {}),
+    ("repetition", "T=0.9, repetition penalty 1.3, two-sample against a reference server without speculation",
+     REPETITION, {"reference": True}),
     ("logprobs", "T=1, logprobs 3 and prompt logprobs, laws from a reference server without speculation", LOGPROBS,
      {"tokenizer": "ids", "reference": True}),
     ("json_schema", "T=1, a JSON schema output", SCHEMA, {"tokenizer": "characters"}),

@@ -306,7 +306,7 @@ Total wall time of the configurations (model writing aside): {total_seconds:.0f}
 ## The option matrix (issue 45, item 3)
 
 Each option family once without speculation and once with each speculative method (`*_t0.7_topk12_topp0.9`,
-`*_penalties`, `*_minp_bias`, `*_logprobs`, `*_json_schema`; the options are in each row and in each report's
+`*_penalties`, `*_minp_bias`, `*_repetition`, `*_logprobs`, `*_json_schema`; the options are in each row and in each report's
 command), on the tiny Llama (ngram, draft model, EAGLE-1, EAGLE-3) and on the MiMo target (MTP, beside its own
 controls `control_no_spec_mimo_*`). FAIL and NOT RUN rows reduce to the standalone repros of [../README.md](../README.md) (its findings
 table gives their upstream status) and [`repro_topk_speculation_kills_engine.py`](repro_topk_speculation_kills_engine.py):
@@ -326,6 +326,12 @@ table gives their upstream status) and [`repro_topk_speculation_kills_engine.py`
   the in-process diagnostics of [../README.md](../README.md) trace the plain failures to the same CPU
   `expand_batch_to_tokens`, a patch a server cannot take), so these rows cannot attribute anything to the
   penalties until that fault is fixed.
+- **Repetition penalty** (T 0.9, repetition 1.3; vLLM counts the prompt's tokens as well as the output's and
+  divides positive logits, multiplies negative ones, so log-probabilities cannot give the law): two-sample mode
+  against a reference server, the same flags without speculation on the next port, 4 reference samples per
+  sample. Both controls (the Llama's and MiMo's) **pass** (adjusted p 1.0 and 0.20); every speculative method
+  **fails** (adjusted p 3e-100 for ngram, 0 for the others), as at plain T = 1: the same CPU fault, which these
+  rows cannot separate from the penalty.
 - **Min-p and logit bias** (T 0.9, min-p 0.02, biases +1.5 and -2): the control passes; with speculation
   vLLM refuses the request (HTTP 400, "The min_p and logit_bias sampling parameters are not yet supported
   with speculative decoding"), for every method: a documented refusal, recorded as a finding.
