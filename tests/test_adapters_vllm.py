@@ -481,3 +481,28 @@ def test_eagle_decoder_generates_the_right_shape(tmp_path, monkeypatch, method):
     assert spec.method == method
     if method == "eagle3":  # its own draft vocabulary, 16 of the target's 32 tokens
         assert spec.draft_model_config.hf_config.draft_vocab_size == 16
+
+
+# ----------------------------------------------------------------------------- the penalties' law (CI, no vLLM)
+
+
+def test_the_penalised_target_counts_the_output_only_as_vllm_documents():
+    """vLLM's frequency and presence penalties count the output's tokens, not the prompt's: the first law after a
+    prompt is the unpenalised one, and a token the output repeats loses frequency x count + presence in logit."""
+    pytest.importorskip("transformers")
+    from specverify.adapters.vllm.engine import VllmLawTarget, tiny_target
+
+    plain = tiny_target(temperature=0.9)
+    penalised = tiny_target(temperature=0.9, frequency_penalty=0.6, presence_penalty=0.4)
+    assert isinstance(penalised, VllmLawTarget)
+    prompt = torch.tensor([[5, 5, 5, 7]])
+    first = penalised.next_token_probs(prompt)[0]  # the whole prefix is the prompt: nothing counted
+    assert torch.allclose(first, plain.next_token_probs(prompt)[0].double(), atol=1e-6)
+    seqs = torch.tensor([[5, 5, 5, 7, 9, 9, 3]])
+    laws = penalised.conditionals(seqs, start=4)  # (1, 3, V): after 7 | after 7 9 | after 7 9 9
+    raw = penalised._logits(seqs[:, :-1])[0, 3:] / 0.9  # (3, V) tempered logits, no penalty
+    expected = raw.clone()
+    expected[1, 9] -= (0.6 * 1 + 0.4) / 0.9
+    expected[2, 9] -= (0.6 * 2 + 0.4) / 0.9
+    assert torch.allclose(laws[0], torch.softmax(expected, -1), atol=1e-12)
+    assert float(laws[0, 0, 5]) == pytest.approx(float(first[5]))  # 5 is only in the prompt: not penalised

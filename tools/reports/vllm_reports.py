@@ -90,12 +90,18 @@ CONFIGS: tuple[tuple[str, str, str, list[str]], ...] = (
 E2E = MOD  # tiny_decoder and tiny_target: specverify.adapters.vllm.engine, re-exported by the package
 
 
+#: The options the tiny target takes (its law: sampling and, with a penalty, vLLM's penalties).
+TARGET_KEYS = ("temperature", "top_k", "top_p", "frequency_penalty", "presence_penalty")
+
+
 def _e2e(name: str, expected: str, what: str, **options) -> tuple[str, str, str, list[str]]:
     """An end-to-end configuration of :mod:`specverify.adapters.vllm.engine`."""
-    return name, expected, what, decoder_target_args(E2E, **options)
+    return name, expected, what, decoder_target_args(E2E, target_keys=TARGET_KEYS, **options)
 
 
 PATCH = dict(patch_expand=True)
+#: The served option matrix's penalty family (T 0.9, frequency 0.6, presence 0.4).
+PENALTIES = dict(temperature=0.9, frequency_penalty=0.6, presence_penalty=0.4)
 E2E_CONFIGS = (
     _e2e("e2e_control_no_spec_t1.0", "pass", "control: `LLM` without speculation, T=1", method="none"),
     _e2e("e2e_ngram_k3_t1.0", "pass", "`LLM` + ngram, K=3, T=1", method="ngram", k=3),
@@ -142,7 +148,19 @@ E2E_CONFIGS = (
          "diagnostic: EAGLE greedy with an fc bias (`\"bias\": true`: uninitialised attention biases in vLLM), K=3, "
          "T=1, patched expand", method="eagle", k=3, draft_sample_method="greedy", eagle_fc_bias=True, **PATCH),
 )
-CONFIGS = CONFIGS + E2E_CONFIGS
+#: The served penalty rows' attribution: the same options in process, the CPU expansion patched.
+PENALTY_CONFIGS = (
+    _e2e("e2e_control_no_spec_penalties", "pass", "control: `LLM` without speculation, T=0.9, frequency 0.6, "
+         "presence 0.4 (vLLM's law: penalties over the output)", method="none", **PENALTIES),
+    _e2e("e2e_ngram_k3_penalties_patch_expand", "pass", "diagnostic: ngram, K=3, the same penalties, patched expand",
+         method="ngram", k=3, **PENALTIES, **PATCH),
+    _e2e("e2e_draft_probabilistic_k3_penalties_patch_expand_seed_global", "pass",
+         "diagnostic: draft model probabilistic, K=3, the same penalties, patched expand, seeded global RNG",
+         method="draft_model", k=3, draft_sample_method="probabilistic", seed_global_rng=True, **PENALTIES, **PATCH),
+    _e2e("e2e_eagle_k3_penalties_patch_expand", "pass", "diagnostic: EAGLE greedy, K=3, the same penalties, "
+         "patched expand", method="eagle", k=3, draft_sample_method="greedy", **PENALTIES, **PATCH),
+)  # fmt: skip
+CONFIGS = CONFIGS + E2E_CONFIGS + PENALTY_CONFIGS
 # fmt: on
 
 #: Configurations whose engine output is not reproducible (a fresh process gives other numbers; the

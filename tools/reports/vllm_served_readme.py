@@ -324,8 +324,13 @@ table gives their upstream status) and [`repro_topk_speculation_kills_engine.py`
   the bias and before the temperature): the control passes, so vLLM's sampler follows that law; every
   speculative method fails, as it already fails at plain T = 1 (goodness-of-fit failures at p = 0 in both;
   the in-process diagnostics of [../README.md](../README.md) trace the plain failures to the same CPU
-  `expand_batch_to_tokens`, a patch a server cannot take), so these rows cannot attribute anything to the
-  penalties until that fault is fixed.
+  `expand_batch_to_tokens`, a patch a server cannot take). In process, with that patch, the same penalties
+  **pass** with ngram, the probabilistic draft model and EAGLE-1 (80 tests each, median detectable TV 0.065:
+  [`e2e_ngram_k3_penalties_patch_expand`](../e2e_ngram_k3_penalties_patch_expand/report.md),
+  [`e2e_draft_probabilistic_k3_penalties_patch_expand_seed_global`](../e2e_draft_probabilistic_k3_penalties_patch_expand_seed_global/report.md),
+  [`e2e_eagle_k3_penalties_patch_expand`](../e2e_eagle_k3_penalties_patch_expand/report.md), beside the control
+  [`e2e_control_no_spec_penalties`](../e2e_control_no_spec_penalties/report.md)): the served penalty FAILs are
+  the CPU expansion fault, not vLLM's penalty path under speculation.
 - **Repetition penalty** (T 0.9, repetition 1.3; vLLM counts the prompt's tokens as well as the output's and
   divides positive logits, multiplies negative ones, so log-probabilities cannot give the law): two-sample mode
   against a reference server, the same flags without speculation on the next port, 4 reference samples per

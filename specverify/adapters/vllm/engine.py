@@ -35,6 +35,7 @@ __all__ = [
     "VllmDecoder",
     "tiny_decoder",
     "tiny_target",
+    "VllmLawTarget",
     "max_conditional_difference",
 ]
 
@@ -68,6 +69,8 @@ class VllmDecoder:
         argmax drafts, ``draft_probs=None``; probabilistic: drafts sampled from the
         temperature-scaled draft law with torch's global generator, q passed to the sampler).
     temperature, top_k, top_p : sampling options (``top_k=0`` / ``top_p=1`` off)
+    frequency_penalty, presence_penalty : float
+        vLLM's penalties (0: off), sent with every request; their law is :class:`VllmLawTarget`'s.
     patch_expand : bool
         Diagnostic: when the engine is built, replace ``rejection_sampler.expand_batch_to_tokens``
         (for the rest of the process; the engine runs in-process) by a correct pure-torch one,
@@ -97,10 +100,13 @@ class VllmDecoder:
         temperature=1.0,
         top_k=0,
         top_p=1.0,
+        frequency_penalty=0.0,
+        presence_penalty=0.0,
         patch_expand=False,
         seed_global_rng=False,
         memoize=False,
     ):
+        self.frequency_penalty, self.presence_penalty = float(frequency_penalty), float(presence_penalty)
         self.patch_expand = check_bool("patch_expand", patch_expand)
         self.seed_global_rng = check_bool("seed_global_rng", seed_global_rng)
         self._memo = OutputMemo(memoize)  # validates memoize
@@ -124,7 +130,10 @@ class VllmDecoder:
         spec = "no speculation" if self.method is None else f"{self.method}, k={self.k}"
         if self.method in ("draft_model", "eagle", "eagle3", "mtp"):
             spec += f", draft_sample_method={self.draft_sample_method}"
-        patched = ", patch_expand=True" if self.patch_expand else ""
+        patched = ""
+        if self.frequency_penalty or self.presence_penalty:
+            patched += f", frequency_penalty={self.frequency_penalty}, presence_penalty={self.presence_penalty}"
+        patched += ", patch_expand=True" if self.patch_expand else ""
         patched += ", seed_global_rng=True" if self.seed_global_rng else ""
         patched += ", memoize=True" if self._memo.enabled else ""
         return f"VllmDecoder({spec}, temperature={self.temperature}, top_k={self.top_k}, top_p={self.top_p}{patched})"
@@ -186,6 +195,8 @@ class VllmDecoder:
                 temperature=self.temperature,
                 top_k=self.top_k if self.top_k > 0 else 0,
                 top_p=self.top_p,
+                frequency_penalty=self.frequency_penalty,
+                presence_penalty=self.presence_penalty,
                 max_tokens=L,
                 ignore_eos=True,
                 seed=(seed * 1_000_003 + i) % (2**63 - 1),
@@ -222,6 +233,8 @@ def tiny_decoder(
     seed_global_rng=False,
     memoize=False,
     eagle_fc_bias=False,
+    frequency_penalty=0.0,
+    presence_penalty=0.0,
 ):
     """:class:`VllmDecoder` on the tiny seeded target and its perturbed draft or EAGLE head.
 
@@ -257,18 +270,65 @@ def tiny_decoder(
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
         patch_expand=patch_expand,
         seed_global_rng=seed_global_rng,
         memoize=memoize,
     )
 
 
-def tiny_target(*, temperature=1.0, top_k=0, top_p=1.0, seed=0):
-    """Exact processed conditionals of :func:`tiny_decoder`'s target, in transformers float32."""
+class VllmLawTarget:
+    """The target protocol under vLLM's documented law: a transformers model's float32 logits processed in
+    float64 by the reference processors (``engine="vllm"``: logit bias, penalties -- frequency and
+    presence over the output, repetition over prompt and output -- temperature, min-p, top-k, top-p).
+
+    ``sequences[:, :start]`` of :meth:`conditionals` is the prompt; :meth:`next_token_probs` takes the
+    whole prefix as the prompt.
+    """
+
+    def __init__(self, model, sampling):
+        self.model, self.sampling = model, sampling
+        self.vocab_size = int(model.config.vocab_size)
+
+    def _logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self.model(input_ids=tokens).logits.double()  # (B, S, V)
+
+    def next_token_probs(self, prefix: torch.Tensor) -> torch.Tensor:
+        """(B, T) -> (B, V) float64."""
+        from specverify_reference.penalties import History
+        from specverify_reference.processors import logits_to_probs
+
+        B, T = prefix.shape
+        logits = self._logits(prefix)[:, -1:]  # (B, 1, V)
+        history = History(prefix.long(), T, torch.full((B, 1), T, dtype=torch.long))
+        return logits_to_probs(logits, self.sampling, history=history)[:, 0]  # (B, V)
+
+    def conditionals(self, sequences: torch.Tensor, *, start: int) -> torch.Tensor:
+        """(B, S) -> (B, S - start, V) float64: the law of token ``start + j`` after ``sequences[:, :start + j]``."""
+        from specverify_reference.penalties import History
+        from specverify_reference.processors import logits_to_probs
+
+        B, S = sequences.shape
+        logits = self._logits(sequences[:, :-1])[:, start - 1 :]  # (B, S - start, V)
+        ends = torch.arange(start, S, dtype=torch.long).expand(B, -1)  # (B, S - start)
+        return logits_to_probs(logits, self.sampling, history=History(sequences.long(), start, ends))
+
+
+def tiny_target(*, temperature=1.0, top_k=0, top_p=1.0, seed=0, frequency_penalty=0.0, presence_penalty=0.0):
+    """Exact processed conditionals of :func:`tiny_decoder`'s target, in transformers float32 (with a
+    penalty: :class:`VllmLawTarget`, vLLM's law)."""
     from specverify.adapters.fixtures.llama import tiny_llama
     from specverify.adapters.hf import HFTarget
 
     model = tiny_llama(num_key_value_heads=2, seed=seed, **MODEL_CONFIG)
+    if frequency_penalty or presence_penalty:
+        from specverify_reference.processors import SamplingConfig
+
+        sampling = SamplingConfig(temperature=temperature, top_k=top_k or None, top_p=None if top_p >= 1 else top_p,
+                                  engine="vllm", frequency_penalty=frequency_penalty, presence_penalty=presence_penalty)  # fmt: skip
+        return VllmLawTarget(model, sampling)
     return HFTarget(model, temperature=temperature, top_k=top_k, top_p=top_p, num_threads=1)
 
 
