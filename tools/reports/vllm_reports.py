@@ -91,7 +91,7 @@ E2E = MOD  # tiny_decoder and tiny_target: specverify.adapters.vllm.engine, re-e
 
 
 #: The options the tiny target takes (its law: sampling and, with a penalty, vLLM's penalties).
-TARGET_KEYS = ("temperature", "top_k", "top_p", "frequency_penalty", "presence_penalty")
+TARGET_KEYS = ("temperature", "top_k", "top_p", "frequency_penalty", "presence_penalty", "model")
 
 
 def _e2e(name: str, expected: str, what: str, **options) -> tuple[str, str, str, list[str]]:
@@ -160,7 +160,13 @@ PENALTY_CONFIGS = (
     _e2e("e2e_eagle_k3_penalties_patch_expand", "pass", "diagnostic: EAGLE greedy, K=3, the same penalties, "
          "patched expand", method="eagle", k=3, draft_sample_method="greedy", **PENALTIES, **PATCH),
 )  # fmt: skip
-CONFIGS = CONFIGS + E2E_CONFIGS + PENALTY_CONFIGS
+#: MTP (the MiMo target's own MTP layer) in process: the served MTP rows' FAILs attributed.
+MTP_CONFIGS = (
+    _e2e("e2e_mtp_k3_t1.0_patch_expand", "pass", "diagnostic: MiMo's own MTP layer, greedy drafts, K=3, T=1, "
+         "patched expand (target: the MiMo checkpoint's Qwen2 part in transformers)", method="mtp", k=3,
+         draft_sample_method="greedy", model="mimo", **PATCH),
+)  # fmt: skip
+CONFIGS = CONFIGS + E2E_CONFIGS + PENALTY_CONFIGS + MTP_CONFIGS
 # fmt: on
 
 #: Configurations whose engine output is not reproducible (a fresh process gives other numbers; the

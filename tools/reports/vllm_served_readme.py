@@ -91,15 +91,22 @@ def _link(path: Path, start: Path) -> str:
     return os.path.relpath(path, start).replace(os.sep, "/")
 
 
-def readme_rows(out: Path, configs: Sequence[Served]) -> tuple[list[str], list[str]]:
-    """The results table rows and the evidence lines of the configurations run under ``out``."""
-    rows, lines = [], []
+def read_runs(out: Path, configs: Sequence):
+    """``(config, run record, report or None)`` of each configuration run under ``out`` (None: it wrote no report)."""
     for config in configs:
         run_path, rep_path = out / config.name / "run.json", out / config.name / "report.json"
         if not run_path.exists():
             continue
         run = json.loads(run_path.read_text())
-        if run.get("error") or not rep_path.exists():
+        failed = run.get("error") or not rep_path.exists()
+        yield config, run, None if failed else json.loads(rep_path.read_text())
+
+
+def readme_rows(out: Path, configs: Sequence[Served]) -> tuple[list[str], list[str]]:
+    """The results table rows and the evidence lines of the configurations run under ``out``."""
+    rows, lines = [], []
+    for config, run, rep in read_runs(out, configs):
+        if rep is None:
             error = str(run.get("error"))
             if run.get("server_error"):  # the server died: its own root cause
                 error += f"; the server logged: {run['server_error']}"
@@ -107,7 +114,6 @@ def readme_rows(out: Path, configs: Sequence[Served]) -> tuple[list[str], list[s
                         f"{run.get('wall_seconds', 0):.0f} s |")  # fmt: skip
             lines.append(f"- `{config.name}`: not run: {error}\n  `{run['serve_command']}`")
             continue
-        rep = json.loads(rep_path.read_text())
         endpoint = rep.get("extra", {}).get("endpoint", {})
         rows.append(
             f"| [`{config.name}`]({config.name}/report.md) | {config.what} | **{rep['verdict'].upper()}** | "
@@ -228,8 +234,9 @@ MTP_FINDING = (
     "\"num_speculative_tokens\": 3}'` (its own MTP layer drafts; 2,628 of 161,955 draft tokens accepted at T = 1), "
     "and the whole option matrix runs on it too (`control_no_spec_mimo_*` beside `mtp_k3_*`). MTP behaves as the "
     "other methods: not reproducible per request seed (ERROR), its law **FAILs** at T = 1 and with penalties "
-    "(goodness of fit at p = 0; the plain T = 1 fault is the likely cause: an in-process patched MTP run, which "
-    "would tell, was not made, the in-process target adapter reads the tiny Llama only), top-k kills the engine, "
+    "(goodness of fit at p = 0), the plain T = 1 fault: in process with the expansion patched, MTP **passes** "
+    "([`e2e_mtp_k3_t1.0_patch_expand`](../e2e_mtp_k3_t1.0_patch_expand/report.md): 80 tests, median detectable TV "
+    "0.065, the target read from the same checkpoint as transformers' `Qwen2ForCausalLM`), top-k kills the engine, "
     "min-p and logit bias are refused, logprob and prompt-logprob fidelity pass to the bit, and with the JSON schema "
     "it drafts nothing (0 draft tokens: the PASS covers the plain sampler). The MiMo controls at seed 0 pass every law test but "
     "share one fluctuation: the independence/collisions test of prompt 0's first tokens reads z = 3.46 (T = 1), "

@@ -235,6 +235,7 @@ def tiny_decoder(
     eagle_fc_bias=False,
     frequency_penalty=0.0,
     presence_penalty=0.0,
+    model=None,
 ):
     """:class:`VllmDecoder` on the tiny seeded target and its perturbed draft or EAGLE head.
 
@@ -243,13 +244,16 @@ def tiny_decoder(
     ``"bias": true`` in its config when ``eagle_fc_bias``; ``method="eagle3"``: the head of
     :func:`specverify.adapters.fixtures.eagle3_head.save_tiny_eagle3` (16 draft tokens of 32);
     ``method="mtp"``: the target is :func:`specverify.adapters.fixtures.mtp_model.save_tiny_mtp`'s
-    MiMo model (its own MTP layer drafts), not the tiny Llama.
+    MiMo model (its own MTP layer drafts), not the tiny Llama.  ``model`` (``"llama"`` or ``"mimo"``,
+    :func:`tiny_target`'s), when given, must name that target.
     """
     from specverify.adapters.fixtures.eagle3_head import save_tiny_eagle3
     from specverify.adapters.fixtures.eagle_head import save_tiny_eagle
 
     if method != "none" and method not in METHODS:
         raise InvalidArgument(f"method must be one of {['none', *METHODS]}, got {method!r}")
+    if model is not None and model != ("mimo" if method == "mtp" else "llama"):
+        raise InvalidArgument(f"model={model!r} is not method={method!r}'s target (mtp: 'mimo', else 'llama')")
     target_dir, draft_dir = save_tiny_models(seed=seed)
     eagle_dir = None
     if method == "eagle":
@@ -316,13 +320,25 @@ class VllmLawTarget:
         return logits_to_probs(logits, self.sampling, history=History(sequences.long(), start, ends))
 
 
-def tiny_target(*, temperature=1.0, top_k=0, top_p=1.0, seed=0, frequency_penalty=0.0, presence_penalty=0.0):
+def tiny_target(*, temperature=1.0, top_k=0, top_p=1.0, seed=0, frequency_penalty=0.0, presence_penalty=0.0,
+                model="llama"):  # fmt: skip
     """Exact processed conditionals of :func:`tiny_decoder`'s target, in transformers float32 (with a
-    penalty: :class:`VllmLawTarget`, vLLM's law)."""
+    penalty: :class:`VllmLawTarget`, vLLM's law).  ``model="mimo"``: the MiMo target of ``method="mtp"``
+    (its checkpoint read as transformers' ``Qwen2ForCausalLM``, which drops the MTP layer, as vLLM's
+    ``MiMoForCausalLM`` loader does)."""
     from specverify.adapters.fixtures.llama import tiny_llama
     from specverify.adapters.hf import HFTarget
 
-    model = tiny_llama(num_key_value_heads=2, seed=seed, **MODEL_CONFIG)
+    if model not in ("llama", "mimo"):
+        raise InvalidArgument(f"model must be 'llama' or 'mimo', got {model!r}")
+    if model == "mimo":
+        from transformers import Qwen2ForCausalLM
+
+        from specverify.adapters.fixtures.mtp_model import save_tiny_mtp
+
+        model = Qwen2ForCausalLM.from_pretrained(save_tiny_mtp(seed=seed), torch_dtype=torch.float32).eval()
+    else:
+        model = tiny_llama(num_key_value_heads=2, seed=seed, **MODEL_CONFIG)
     if frequency_penalty or presence_penalty:
         from specverify_reference.processors import SamplingConfig
 
