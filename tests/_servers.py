@@ -60,7 +60,7 @@ class DirectFetcher:
         out = []
         for r in requests:
             self.bodies.append(r.body)
-            reply = self.replies(r.body) if self.replies else self.client.post("completions", r.body)
+            reply = self.replies(r.body) if self.replies else self.client.post(r.path, r.body)
             out.append(r.parse(reply))
         return out
 

@@ -24,6 +24,8 @@ CONFLICTS = ("verifier", "tree_verifier", "decoder", "drafter", "target", "refer
 #: The engines whose documented law an endpoint audit can apply (``specverify_reference.processors.ENGINES``,
 #: named here so that parsing arguments does not import torch).
 LAWS = ("vllm", "llama.cpp", "hf")
+#: The completion APIs an endpoint audit speaks (``specverify.endpoint.subjects.APIS``, named here for the same reason).
+APIS = ("openai", "llama-server")
 
 
 def add_arguments(audit) -> None:
@@ -69,9 +71,12 @@ def add_arguments(audit) -> None:
                        help="the served model's tokenizer (a Hugging Face tokenizer directory): the grammar's masks "
                        "over its token strings, read as vLLM reads them (default: the tiny models' synthetic "
                        "vocabulary)")  # fmt: skip
-    group.add_argument("--law-of", choices=LAWS, default="vllm", dest="law_of",
+    group.add_argument("--law-of", choices=LAWS, default=None, dest="law_of",
                        help="whose documented sampling law the server follows: the cuts' order and what the "
-                       "penalties count (default vllm)")  # fmt: skip
+                       "penalties count (default vllm; llama.cpp with --api llama-server)")  # fmt: skip
+    group.add_argument("--api", choices=APIS, default="openai",
+                       help="the servers' completion API: openai (/v1/completions, vLLM's prompt_logprobs; "
+                       "default) or llama-server (llama.cpp's native /completion)")  # fmt: skip
     group.add_argument("--prompts", metavar="FILE", help="JSON list of token-id lists (default: derived from --seed)")
     group.add_argument("--concurrency", type=positive_int, default=8, help="requests in flight (default 8)")
     group.add_argument(
@@ -209,7 +214,9 @@ def endpoint_argv(args) -> list[str]:
         argv += ["--" + constraint.kind.replace("_", "-"), constraint.source]
         if constraint.tokenizer is not None:
             argv += ["--grammar-tokenizer", constraint.tokenizer]
-    if args.law_of != "vllm":
+    if args.api != "openai":
+        argv += ["--api", args.api]
+    if args.law_of is not None and args.law_of != ("llama.cpp" if args.api == "llama-server" else "vllm"):
         argv += ["--law-of", args.law_of]
     if args.logprobs is not None:
         argv += ["--logprobs", str(args.logprobs)]
@@ -282,6 +289,7 @@ def _check_endpoint(args, progress, announce):
         logit_bias=logit_bias(args.logit_bias),
         engine=args.law_of,
         grammar=grammar(args),
+        api=args.api,
         logprobs=args.logprobs,
         **({} if args.logprob_tolerance is None else {"logprob_tolerance": args.logprob_tolerance}),
         prompts=args.prompts,

@@ -33,13 +33,11 @@ from specverify.core.repro import python_repro
 from specverify.core.validation import check_int
 from specverify.decoder.battery import TIER_PLANS, check_decoder
 from specverify.decoder.conditionals import ExactPlan
+from specverify.endpoint import llamaserver
 from specverify.endpoint.api import (
     MAX_VOCAB,
     Sampling,
-    completion_body,
-    continuations,
     prompt_logprob_rows,
-    sampling_reply_bytes,
     teacher_forcing_body,
     teacher_forcing_reply_bytes,
 )
@@ -50,7 +48,15 @@ from specverify.endpoint.invariance import batch_invariance as batch_invariance_
 from specverify.endpoint.pool import Fetcher
 from specverify.endpoint.prompt_fidelity import check_prompt_logprob_fidelity, combined
 from specverify.endpoint.store import SampleStore
-from specverify.endpoint.subjects import EndpointDecoder, EndpointTarget, check_exact_options, check_top_logprobs
+from specverify.endpoint.subjects import (
+    EndpointDecoder,
+    EndpointTarget,
+    check_api,
+    check_exact_options,
+    check_top_logprobs,
+    law_request,
+    sampling_request,
+)
 from specverify.mutants.decoder import VISIBILITY
 from specverify_reference.grammar import Grammar
 
@@ -126,8 +132,9 @@ class AuditInterrupted(KeyboardInterrupt):
 
 
 def plan_requests(*, tier: str, mode: str, num_prompts: int, num_samples: int | None, max_new_tokens: int | None,
-                  samples_per_request: int, batch_invariance: int = 0) -> EndpointPlan:  # fmt: skip
-    """Requests and tokens an audit of ``tier`` sends at most (the store's replies are not sent again)."""
+                  samples_per_request: int, batch_invariance: int = 0, per_prefix: bool = False) -> EndpointPlan:  # fmt: skip
+    """Requests and tokens an audit of ``tier`` sends at most (the store's replies are not sent again).
+    ``per_prefix``: one teacher-forcing request per prefix (llama-server), not per longest prefix."""
     plan = TIER_PLANS[tier]
     N = num_samples or plan.num_samples
     L = max_new_tokens or plan.max_new_tokens
@@ -137,7 +144,7 @@ def plan_requests(*, tier: str, mode: str, num_prompts: int, num_samples: int | 
     if mode == "two_sample":
         reference = num_prompts * math.ceil(plan.reference_factor * N / samples_per_request)
     else:
-        teacher = num_prompts * N + 1
+        teacher = num_prompts * N * (L if per_prefix else 1) + 1
     tokens = num_prompts * (N + 2 * plan.determinism_samples) * L
     if mode == "two_sample":
         tokens += num_prompts * plan.reference_factor * N * L
@@ -196,18 +203,27 @@ def declared_fault(entry: dict, sampling: Sampling) -> dict | None:
             "note": note}  # fmt: skip
 
 
-def _probe_sampling(client: HttpClient, model: str, sampling: Sampling, prompt: list[int]) -> None:
-    body = completion_body(model, prompt, n=1, max_tokens=2, sampling=sampling, seed=0)
+def _probe_sampling(served: _Served, sampling: Sampling, prompt: list[int]) -> tuple[int, ...]:
+    """One short sampling request: the server takes token-id prompts and returns token ids; the tokens the
+    server bans on its own (llama-server's ``ignore_eos``: :func:`~specverify.endpoint.llamaserver.banned_tokens`)."""
+    client, model = served.client, served.model
+    request = sampling_request("probe", model, sampling, prompt, n=1, max_tokens=2, seed=0, api=served.api)
     try:
-        reply = client.post("completions", body, max_bytes=sampling_reply_bytes(1, 2))
+        reply = client.post(request.path, request.body, max_bytes=request.max_bytes)
     except EndpointError as error:
         if error.status == 400 and "prompt" in error.body.lower():
             raise EndpointError(f"{client.base_url} does not take token-id prompts: {error.body}") from None
         raise
-    continuations(reply, n=1, max_tokens=2)
+    request.parse(reply)
+    return llamaserver.banned_tokens(reply, sampling) if served.api == "llama-server" else ()
 
 
-def _probe_vocab(client: HttpClient, model: str) -> int:
+def _probe_vocab(served: _Served) -> int:
+    """The vocabulary size, from one whole-vocabulary law."""
+    client, model = served.client, served.model
+    if served.api == "llama-server":
+        request = law_request("probe", [0], None, None)  # n_probs = MAX_VOCAB: the server lists all V
+        return len(request.parse(client.post(request.path, request.body, max_bytes=request.max_bytes))[0])
     sequence = [0, 0]
     try:
         reply = client.post(
@@ -240,10 +256,11 @@ def _load_prompts(prompts) -> list | None:
 
 @dataclasses.dataclass(frozen=True)
 class _Served:
-    """A served model: its client and name."""
+    """A served model: its client, name and completion API (:data:`~specverify.endpoint.subjects.APIS`)."""
 
     client: HttpClient
     model: str
+    api: str = "openai"
 
     @property
     def label(self) -> str:
@@ -257,8 +274,9 @@ def _preflight(
     sampling: Sampling,
     prompt: list[int],
     vocab_size: int | None = None,
-) -> tuple[int | None, dict | None]:
-    """Check the endpoints before anything is collected; the vocabulary size (exact mode) and a declared fault.
+) -> tuple[int | None, dict | None, tuple[int, ...]]:
+    """Check the endpoints before anything is collected; the vocabulary size (exact mode), a declared fault,
+    and the tokens the server under test bans on its own.
 
     A ``vocab_size`` given by the user is taken as it is (no whole-vocabulary probe is sent).
     """
@@ -266,18 +284,18 @@ def _preflight(
     if ref is not None:
         _check_model(ref.client, ref.model)
     declared = declared_fault(entry, sampling)
-    _probe_sampling(under_test.client, under_test.model, sampling, prompt)
+    banned = _probe_sampling(under_test, sampling, prompt)
     if mode == "two_sample":
         assert ref is not None
-        _probe_sampling(ref.client, ref.model, sampling, prompt)
-        return None, declared
+        _probe_sampling(ref, sampling, prompt)
+        return None, declared, banned
     if vocab_size is not None:
-        return vocab_size, declared
+        return vocab_size, declared, _within(banned, vocab_size, under_test)
     target_side = ref or under_test
-    vocab = _probe_vocab(target_side.client, target_side.model)
+    vocab = _probe_vocab(target_side)
     if ref is not None:
         try:
-            own = _probe_vocab(under_test.client, under_test.model)
+            own = _probe_vocab(under_test)
         except EndpointError:
             own = None  # the endpoint under test need not serve logprobs
         if own is not None and own != vocab:
@@ -285,7 +303,14 @@ def _preflight(
                 f"vocabulary size mismatch: {under_test.client.base_url} has {own} tokens, "
                 f"{ref.client.base_url} has {vocab}"
             )
-    return vocab, declared
+    return vocab, declared, _within(banned, vocab, under_test)
+
+
+def _within(banned: tuple[int, ...], vocab: int, served: _Served) -> tuple[int, ...]:
+    """``banned``, each id inside the vocabulary (EndpointError otherwise)."""
+    if banned and max(banned) >= vocab:
+        raise EndpointError(f"{served.client.base_url} bans token {max(banned)}, outside its vocabulary of {vocab}")
+    return banned
 
 
 def _describe(under_test: _Served, ref: _Served | None, mode: str, sampling: Sampling) -> dict:
@@ -296,17 +321,18 @@ def _describe(under_test: _Served, ref: _Served | None, mode: str, sampling: Sam
         "reference_model": ref.model if ref else None,
         "mode": mode,
         "sampling": sampling.record(),
+        **({} if under_test.api == "openai" else {"api": under_test.api}),
     }
 
 
-def _with_batch_invariance(report, fetcher, model, sampling, samples, *, tier, seed, alpha, vocab):
+def _with_batch_invariance(report, fetcher, model, sampling, samples, *, tier, seed, alpha, vocab, api="openai"):
     """The report with the batch-invariance tests added to its results and graded with them."""
     prompts = [list(s["prompt"]) for s in report.scenarios]
     plan = TIER_PLANS[tier]
     exact_plan = ExactPlan(max_nodes=plan.max_nodes, min_node_visits=plan.min_node_visits, alpha=alpha)
     L = int(report.scenarios[0]["max_new_tokens"])
     results, summary = batch_invariance_tests(fetcher, model, sampling, prompts[0], prompts[1:], samples=samples,
-                                              max_new_tokens=L, seed=seed, vocab_size=vocab, plan=exact_plan)  # fmt: skip
+                                              max_new_tokens=L, seed=seed, vocab_size=vocab, plan=exact_plan, api=api)  # fmt: skip
     ungraded = [r.replace(grade=None, adjusted_pvalue=None) for r in report.results] + results
     graded, verdict = stats.grade_run(ungraded, report.errors, alpha=alpha)
     scenario = {
@@ -324,18 +350,19 @@ def _with_batch_invariance(report, fetcher, model, sampling, samples, *, tier, s
 
 def _run_battery(fetcher, under_test, target_side, mode, sampling, vocab, prompt_lists, *, tier, seed, alpha,
                  num_samples, max_new_tokens, samples_per_request, check_determinism, batch_invariance, greedy,
-                 top_logprobs=None, logprobs=None, logprob_tolerance=LOGPROB_TOLERANCE):  # fmt: skip
+                 top_logprobs=None, logprobs=None, logprob_tolerance=LOGPROB_TOLERANCE, banned=()):  # fmt: skip
     """The decoder battery on the endpoint's subjects (and the batch-invariance tests): report, target, summary,
     and the logprob fidelity (None when no logprobs were asked)."""
     decoder = EndpointDecoder(fetcher, under_test.model, sampling, samples_per_request=samples_per_request,
                               vocab_size=vocab, label=under_test.label, repeat_from_store=not check_determinism,
-                              logprobs=logprobs)  # fmt: skip
+                              logprobs=logprobs, api=under_test.api)  # fmt: skip
     target = None
     if mode == "exact":
-        target = EndpointTarget(fetcher, target_side.model, sampling, vocab_size=vocab, top_logprobs=top_logprobs)
+        target = EndpointTarget(fetcher, target_side.model, sampling, vocab_size=vocab, top_logprobs=top_logprobs,
+                                api=target_side.api, banned=banned)  # fmt: skip
     reference = None
     if mode == "two_sample":
-        reference = EndpointDecoder(fetcher, target_side.model, sampling, role="reference",
+        reference = EndpointDecoder(fetcher, target_side.model, sampling, role="reference", api=target_side.api,
                                     samples_per_request=samples_per_request, label=target_side.label)  # fmt: skip
     report = check_decoder(
         decoder,
@@ -353,13 +380,14 @@ def _run_battery(fetcher, under_test, target_side, mode, sampling, vocab, prompt
     if batch_invariance and report.verdict != "error" and fetcher.failure is None:
         report, invariance = _with_batch_invariance(
             report, fetcher, under_test.model, sampling, batch_invariance, tier=tier, seed=seed, alpha=alpha,
-            vocab=vocab,
+            vocab=vocab, api=under_test.api,
         )  # fmt: skip
     fidelity = None
     if logprobs is not None and target is not None and report.verdict != "error":
         sampled = check_logprob_fidelity(decoder.reported, target.raw.get, top=logprobs, tolerance=logprob_tolerance)
         prompt = None
-        if target_side is not under_test and fetcher.failure is None:  # a reference endpoint gives the laws
+        # a reference endpoint gives the laws; llama-server has no prompt logprobs to compare
+        if target_side is not under_test and fetcher.failure is None and under_test.api == "openai":
             prompt = check_prompt_logprob_fidelity(fetcher, under_test.model, decoder.reported, target.raw.get,
                                                    top=logprobs, vocab_size=target.vocab_size, tolerance=logprob_tolerance)  # fmt: skip
         fidelity = combined(sampled, prompt)
@@ -381,8 +409,9 @@ def check_endpoint(
     frequency_penalty: float = 0.0,
     presence_penalty: float = 0.0,
     logit_bias=(),
-    engine: str = "vllm",
+    engine: str | None = None,
     grammar=None,
+    api: str = "openai",
     prompts=None,
     tier: str = "smoke",
     seed: int = 0,
@@ -422,16 +451,22 @@ def check_endpoint(
     temperature, top_k, top_p, min_p, repetition_penalty, frequency_penalty, presence_penalty, logit_bias :
         sampling parameters sent with every sampling request (the penalties at 1, 0 and 0 and an empty
         ``logit_bias``, a mapping of token ids to biases, are off)
-    engine : str
+    engine : str, optional
         Whose documented law the server follows (``"vllm"``, ``"llama.cpp"``; ``"hf"``): the order of
         the cuts and what the penalties count (:mod:`specverify_reference.penalties`); the laws
         after each prefix are processed with it, the prompt's tokens and the output's told apart.
-        (``None``: off) and applied to the raw logprobs.
+        None (default): ``"vllm"``, or ``"llama.cpp"`` with ``api="llama-server"``.
     grammar : Grammar or its record ``{"kind", "source"}``, optional
         A structured-output constraint (:class:`specverify_reference.grammar.Grammar`), sent as vLLM's
         ``structured_outputs``; exact mode masks each teacher-forced law with it, over the local
         server's :func:`~specverify_reference.grammar.synthetic_vocabulary` or, when it names one
         (``tokenizer``), the served model's tokenizer.
+    api : {"openai", "llama-server"}
+        The completion API of both endpoints: OpenAI's ``/v1/completions`` with vLLM's
+        ``prompt_logprobs`` (default), or llama.cpp's ``llama-server`` native ``/completion``
+        (:mod:`specverify.endpoint.llamaserver`: one continuation and one prefix law per request;
+        a grammar only in two-sample mode, where llama.cpp's grammar law is not needed; no prompt
+        logprob fidelity).
     prompts : list of token-id lists, or a path to a JSON file holding one, optional
         Default: prompts derived from ``seed`` and the vocabulary.
     tier, seed, alpha, num_samples, max_new_tokens : as :func:`specverify.check_decoder`.
@@ -499,6 +534,9 @@ def check_endpoint(
         many replies are stored, of how many at most, and where.
     """
     started = time.perf_counter()
+    api = check_api(api)
+    if engine is None:
+        engine = "llama.cpp" if api == "llama-server" else "vllm"
     sampling = Sampling(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
         frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, logit_bias=logit_bias, engine=engine,
@@ -512,6 +550,15 @@ def check_endpoint(
         raise InvalidArgument("two_sample=True needs reference_url (the same model served without speculation)")
     if not two_sample:
         check_exact_options(sampling)
+    if api == "llama-server":
+        llamaserver.sampling_fields(sampling)  # llama.cpp's law, a grammar it takes (InvalidArgument)
+        if samples_per_request != 1:
+            raise InvalidArgument(f"llama-server's native API returns one continuation per request: "
+                                  f"samples_per_request must be 1, got {samples_per_request}")  # fmt: skip
+        if sampling.grammar is not None and not two_sample:
+            raise InvalidArgument("a grammar on llama-server is audited in two-sample mode (--two-sample): its law "
+                                  "(sample, check the grammar, resample from the masked chain) is not the "
+                                  "mask-first law exact mode applies")  # fmt: skip
     if logprobs is not None:
         logprobs = check_int("logprobs", logprobs, minimum=0, maximum=MAX_TOP_LOGPROBS)
         if two_sample:
@@ -533,12 +580,12 @@ def check_endpoint(
         return HttpClient(base_url, key_env=key_env, limits=limits, verify_tls=verify_tls,
                           send_key_over_http=send_key_over_http)  # fmt: skip
 
-    under_test = _Served(client(url), model)
-    ref = _Served(client(reference_url), reference_model or model) if reference_url else None
+    under_test = _Served(client(url), model, api)
+    ref = _Served(client(reference_url), reference_model or model, api) if reference_url else None
     n_prompts = len(prompt_lists) if prompt_lists else TIER_PLANS[tier].num_prompts
     plan = plan_requests(tier=tier, mode=mode, num_prompts=n_prompts, num_samples=num_samples,
                          max_new_tokens=max_new_tokens, samples_per_request=samples_per_request,
-                         batch_invariance=batch_invariance)  # fmt: skip
+                         batch_invariance=batch_invariance, per_prefix=api == "llama-server")  # fmt: skip
     header = {
         **_describe(under_test, ref, mode, sampling),
         "tier": tier,
@@ -560,8 +607,8 @@ def check_endpoint(
             clients = {"decoder": under_test.client, "reference": target_side.client, "target": target_side.client}
             fetcher = Fetcher(clients, store, concurrency=concurrency, progress=progress, planned=plan.requests)
             try:
-                vocab, declared = _preflight(under_test, ref, mode, sampling, prompt_lists[0] if prompt_lists else [0],
-                                             vocab_size)  # fmt: skip
+                vocab, declared, banned = _preflight(under_test, ref, mode, sampling,
+                                                     prompt_lists[0] if prompt_lists else [0], vocab_size)  # fmt: skip
                 if announce is not None:
                     if declared is not None and not declared["reachable"]:
                         announce("warning: " + declared["note"])
@@ -571,7 +618,7 @@ def check_endpoint(
                     tier=tier, seed=seed, alpha=alpha, num_samples=num_samples, max_new_tokens=max_new_tokens,
                     samples_per_request=samples_per_request, check_determinism=check_determinism,
                     batch_invariance=batch_invariance, greedy=temperature == 0, top_logprobs=top_logprobs,
-                    logprobs=logprobs, logprob_tolerance=logprob_tolerance,
+                    logprobs=logprobs, logprob_tolerance=logprob_tolerance, banned=banned,
                 )  # fmt: skip
             except KeyboardInterrupt:
                 fetcher.abort()
@@ -595,6 +642,7 @@ def check_endpoint(
         "client_overhead_fraction": round(ledger["client_overhead_seconds"] / total, 4) if total > 0 else None,
         "memo": target.memo() if target is not None else None,
         "declared_fault": declared,
+        **({"banned_by_server": list(banned)} if banned else {}),
         "batch_invariance": invariance,
         "determinism": "checked" if check_determinism else "not checked: repeated seeded calls answered from the store",
         "tolerance": TOLERANCE_NOTE if mode == "exact" else None,
@@ -611,8 +659,10 @@ def check_endpoint(
              logprob_tolerance=None if logprob_tolerance == LOGPROB_TOLERANCE else logprob_tolerance,
              min_p=min_p, repetition_penalty=None if repetition_penalty == 1.0 else repetition_penalty,
              frequency_penalty=frequency_penalty or None, presence_penalty=presence_penalty or None,
-             logit_bias=dict(sampling.logit_bias) or None, engine=None if engine == "vllm" else engine,
-             grammar=None if sampling.grammar is None else sampling.grammar.record()),
+             logit_bias=dict(sampling.logit_bias) or None,
+             engine=None if engine == ("llama.cpp" if api == "llama-server" else "vllm") else engine,
+             grammar=None if sampling.grammar is None else sampling.grammar.record(),
+             api=None if api == "openai" else api),
     )  # fmt: skip
     extra = {**report.extra, "endpoint": endpoint}
     if fidelity is not None:

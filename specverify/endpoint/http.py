@@ -221,8 +221,8 @@ class HttpClient:
         self.port = port or (443 if parsed.scheme == "https" else 80)
         prefix = parsed.path.rstrip("/")
         self.prefix = prefix if prefix.endswith("/v1") else prefix + "/v1"
-        netloc = parsed.netloc
-        self.base_url = f"{self.scheme}://{netloc}{self.prefix}"
+        self.netloc = parsed.netloc
+        self.base_url = f"{self.scheme}://{self.netloc}{self.prefix}"
         self.origin = (self.scheme, self.host, self.port)
         self.key_env = key_env
         self.limits = limits if limits is not None else Limits()
@@ -243,7 +243,13 @@ class HttpClient:
         self._key()  # a key that may not travel to this origin is refused before any request
 
     def url(self, path: str) -> str:
-        return f"{self.base_url}/{path.lstrip('/')}"
+        """``path`` under the base URL (``.../v1/models``), or from the server's root when it starts with ``/``
+        (the base URL's prefix without its ``/v1``: llama-server's native ``/completion``)."""
+        return f"{self.scheme}://{self.netloc}{self._target(path)}"
+
+    def _target(self, path: str) -> str:
+        """The request target of ``path`` (see :meth:`url`)."""
+        return f"{self.prefix.removesuffix('/v1')}{path}" if path.startswith("/") else f"{self.prefix}/{path}"
 
     def post(self, path: str, body: dict, *, max_bytes: int = 64 << 20) -> Any:
         """POST ``body`` as JSON to ``path``; the decoded JSON reply (at most ``max_bytes`` of it)."""
@@ -288,7 +294,7 @@ class HttpClient:
 
     def _request(self, method: str, path: str, data: bytes | None, *, max_bytes: int, retries: int | None = None):
         url = self.url(path)
-        target = f"{self.prefix}/{path.lstrip('/')}"
+        target = self._target(path)
         retries = self.limits.retries if retries is None else retries
         delay = 0.5
         for attempt in range(retries + 1):

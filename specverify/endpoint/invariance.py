@@ -32,10 +32,11 @@ SCENARIO = "batch_invariance"
 _DISTRACTOR_SAMPLES = 4
 
 
-def _sampling_requests(model, sampling, prompt, seeds, max_new_tokens, composition, occurrence=0, n=1, vocab_size=None):
+def _sampling_requests(model, sampling, prompt, seeds, max_new_tokens, composition, occurrence=0, n=1, vocab_size=None,
+                       api="openai"):  # fmt: skip
     return [
         sampling_request("decoder", model, sampling, prompt, n=n, max_tokens=max_new_tokens, seed=s,
-                         occurrence=occurrence, extra={"composition": composition}, vocab_size=vocab_size)
+                         occurrence=occurrence, extra={"composition": composition}, vocab_size=vocab_size, api=api)
         for s in seeds
     ]  # fmt: skip
 
@@ -56,27 +57,32 @@ def batch_invariance(
     seed: int,
     vocab_size: int | None,
     plan: ExactPlan,
+    api: str = "openai",
 ) -> tuple[list[TestResult], dict]:
     """Two-sample tests of ``samples`` continuations of ``prompt`` sent alone vs in a crowd; a summary.
 
     Returns the ungraded results (scenario ``batch_invariance``) and a dict for the report:
-    the sizes, the requests and how many re-sent seeded rows changed among neighbours.
+    the sizes, the requests and how many re-sent seeded rows changed among neighbours.  ``api``: the
+    completion API (llama-server's takes one continuation per request, so its distractors hold one each).
     """
     base_alone, base_crowd = derive_seed(seed, 6, 0), derive_seed(seed, 7, 0)
     alone_seeds = [(base_alone + j) % SEED_MODULUS for j in range(samples)]
     crowd_seeds = [(base_crowd + j) % SEED_MODULUS for j in range(samples)]
-    alone = _sampling_requests(model, sampling, prompt, alone_seeds, max_new_tokens, "alone", vocab_size=vocab_size)
+    alone = _sampling_requests(model, sampling, prompt, alone_seeds, max_new_tokens, "alone", vocab_size=vocab_size,
+                               api=api)  # fmt: skip
     alone_tokens = _tokens(fetcher.fetch(alone, what="alone", concurrency=1))  # (M, L)
 
     pool = others or [prompt]
     distractors = [
         _sampling_requests(model, sampling, pool[j % len(pool)], [derive_seed(seed, 8, j) % SEED_MODULUS],
-                           max_new_tokens, "distractor", n=_DISTRACTOR_SAMPLES, vocab_size=vocab_size)[0]
+                           max_new_tokens, "distractor", n=1 if api == "llama-server" else _DISTRACTOR_SAMPLES,
+                           vocab_size=vocab_size, api=api)[0]
         for j in range(2 * samples)
     ]  # fmt: skip
-    crowd = _sampling_requests(model, sampling, prompt, crowd_seeds, max_new_tokens, "crowd", vocab_size=vocab_size)
+    crowd = _sampling_requests(model, sampling, prompt, crowd_seeds, max_new_tokens, "crowd", vocab_size=vocab_size,
+                               api=api)  # fmt: skip
     again = _sampling_requests(
-        model, sampling, prompt, alone_seeds, max_new_tokens, "crowd", occurrence=1, vocab_size=vocab_size
+        model, sampling, prompt, alone_seeds, max_new_tokens, "crowd", occurrence=1, vocab_size=vocab_size, api=api
     )
     mixed = [r for pair in zip(crowd + again, distractors) for r in pair]
     replies = fetcher.fetch(mixed, what="in a crowd")

@@ -17,7 +17,8 @@ client's retries); ``--batch-dependent`` plants a batch-composition fault (a req
 while another is in flight is sampled at temperature 1).  ``--misbehave KIND`` (after
 ``--misbehave-after N`` good replies) plays a hostile server's misbehaviour of
 :mod:`specverify.endpoint.hostile`, as does any request to ``/hostile/KIND/N/RUN/v1/...``;
-``--tls-cert FILE --tls-key FILE`` serves https.  The first line printed is
+``--tls-cert FILE --tls-key FILE`` serves https.  ``POST /completion`` answers as llama.cpp's
+``llama-server`` does (:mod:`specverify.endpoint.localnative`, llama.cpp's sampling law).  The first line printed is
 ``serving http(s)://127.0.0.1:PORT/v1 model NAME``.
 """
 
@@ -41,6 +42,7 @@ from specverify.core.errors import SpecVerifyError
 from specverify.endpoint.api import STRUCTURED_FIELDS
 from specverify.endpoint.fidelity import MAX_TOP_LOGPROBS
 from specverify.endpoint.hostile import MISBEHAVIOURS, gzip_bomb, play, redirect_listing, targets
+from specverify.endpoint.localnative import NativeError, native_reply
 from specverify.endpoint.served_logprobs import LOGPROB_FAULTS, choice_logprobs
 from specverify.mutants.decoder import VISIBILITY, fault_visibility, make_decoder_mutant
 from specverify_reference.decoder import SpeculativeDecoder
@@ -351,7 +353,8 @@ def _handler(server: CompletionServer):
                 self._reply(200, {"healed": self.path.rsplit("/", 1)[-1]})
                 return
             route, path = _route(self.path)
-            if path.rstrip("/") != "/v1/completions":
+            native = route is None and path.rstrip("/") == "/completion"  # llama-server's route
+            if path.rstrip("/") != "/v1/completions" and not native:
                 self._error(404, f"no route {self.path}")
                 return
             if server.should_fail():
@@ -365,8 +368,8 @@ def _handler(server: CompletionServer):
                 self._error(400, "the request body is not a JSON object")
                 return
             try:
-                reply = server.complete(body)
-            except _HttpError as error:
+                reply = native_reply(server, body) if native else server.complete(body)
+            except (_HttpError, NativeError) as error:
                 self._error(error.status, str(error))
                 return
             misbehaviour, count = server.misbehaviour(route, body)

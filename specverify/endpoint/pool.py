@@ -42,7 +42,7 @@ class Request:
     ``extra`` is what else determines the stored reply (e.g. which logprob rows are kept);
     ``tokens`` is how many tokens the reply brings (for progress); ``max_bytes`` the most its
     reply may hold; ``check(stored)`` whether a reply read back from the store has the form
-    ``parse`` gives (None: not checked).
+    ``parse`` gives (None: not checked); ``path`` the route it is posted to.
     """
 
     role: str
@@ -53,10 +53,13 @@ class Request:
     tokens: int = 0
     max_bytes: int = 64 << 20
     check: Callable[[Any], bool] | None = field(default=None, compare=False, repr=False)
+    path: str = "completions"  # under the client's ``/v1``; a path starting with ``/`` is from the server's root
 
     @property
     def key(self) -> str:
         payload = {"body": self.body, **({"extra": self.extra} if self.extra else {})}
+        if self.path != "completions":
+            payload["path"] = self.path
         return request_key(self.role, payload, self.occurrence)
 
     @property
@@ -300,7 +303,7 @@ class Fetcher:
             self._enter()
             try:
                 client = self.clients[request.role]
-                reply = client.post("completions", request.body, max_bytes=request.max_bytes)
+                reply = client.post(request.path, request.body, max_bytes=request.max_bytes)
                 parsed = request.parse(reply)
                 del reply
                 self.store.add(request.key, request.role, request.record, parsed)

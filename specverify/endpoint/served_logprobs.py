@@ -31,7 +31,7 @@ from specverify.endpoint.fidelity import MAX_TOP_LOGPROBS
 from specverify_reference.direct import TargetAdapter
 from specverify_reference.processors import SamplingConfig
 
-__all__ = ["LOGPROB_FAULTS", "choice_logprobs"]
+__all__ = ["LOGPROB_FAULTS", "choice_logprobs", "reported_laws"]
 
 #: The planted logprob faults (see the module docstring).
 LOGPROB_FAULTS = ("zero", "first_only", "processed", "prompt_draft")
@@ -39,7 +39,9 @@ LOGPROB_FAULTS = ("zero", "first_only", "processed", "prompt_draft")
 FLOOR = -1e4
 
 
-def _laws(target, sampling: SamplingConfig, prompt: list[int], rows: torch.Tensor, fault: str | None) -> torch.Tensor:
+def reported_laws(
+    target, sampling: SamplingConfig, prompt: list[int], rows: torch.Tensor, fault: str | None
+) -> torch.Tensor:
     """(n, L, V) log-probabilities after each prefix of each continuation, as the server reports them."""
     seqs = torch.cat([torch.tensor(prompt).expand(rows.shape[0], -1), rows], dim=1)  # (n, T + L)
     T = len(prompt)
@@ -59,7 +61,7 @@ def choice_logprobs(target, sampling: SamplingConfig, prompt: list[int], rows: t
     """The ``logprobs`` object of each choice (one per row of ``rows`` (n, L))."""
     if not 0 <= top <= MAX_TOP_LOGPROBS:
         raise ValueError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top}")
-    laws = _laws(target, sampling, prompt, rows, fault)  # (n, L, V)
+    laws = reported_laws(target, sampling, prompt, rows, fault)  # (n, L, V)
     out = []
     for b in range(rows.shape[0]):
         tokens = rows[b].tolist()

@@ -34,6 +34,7 @@ import torch
 
 from specverify.core.errors import InvalidArgument
 from specverify.core.validation import check_int
+from specverify.endpoint import llamaserver
 from specverify.endpoint.api import (
     LOGPROB_POSITIVE_TOL,
     MAX_VOCAB,
@@ -56,10 +57,23 @@ from specverify_reference.processors import History
 
 __all__ = [
     "EndpointDecoder", "EndpointTarget", "SEED_MODULUS", "sampling_request", "teacher_forcing_request",
-    "check_top_logprobs", "check_exact_options",
+    "check_top_logprobs", "check_exact_options", "APIS", "check_api",
 ]  # fmt: skip
 
+#: The completion APIs an audit speaks: OpenAI's (``POST /v1/completions``; vLLM, SGLang, the local
+#: server) and llama-server's native one (``POST /completion``: :mod:`specverify.endpoint.llamaserver`).
+APIS = ("openai", "llama-server")
+
 SEED_MODULUS = 2**31
+
+
+def check_api(api) -> str:
+    """``api`` validated: one of :data:`APIS`."""
+    if api not in APIS:
+        raise InvalidArgument(f"api must be one of {', '.join(APIS)}, got {api!r}")
+    return api
+
+
 #: Top-M laws an audit asks again over the whole vocabulary (a tie at the cut) before it stops: a
 #: server cannot turn a top-M audit into a whole-vocabulary one (64 laws: 134 MB at V = 262,144).
 MAX_FALLBACKS = 64
@@ -89,6 +103,8 @@ class EndpointDecoder:
         Ask each token's logprob and its ``logprobs`` most likely tokens' (OpenAI's field); what
         the server reports is kept in :attr:`reported` (prompt -> [(continuation, per-token
         ``[logprob, [[id, logprob], ...]]``), ...]) for :mod:`specverify.endpoint.fidelity`.
+    api : {"openai", "llama-server"}
+        The completion API (:data:`APIS`); llama-server's returns one continuation per request.
     """
 
     def __init__(
@@ -104,9 +120,14 @@ class EndpointDecoder:
         label: str = "",
         repeat_from_store: bool = False,
         logprobs: int | None = None,
+        api: str = "openai",
     ):
         if samples_per_request < 1:
             raise InvalidArgument(f"samples_per_request must be >= 1, got {samples_per_request!r}")
+        self.api = check_api(api)
+        if api == "llama-server" and samples_per_request != 1:
+            raise InvalidArgument(f"llama-server's native API returns one continuation per request: "
+                                  f"samples_per_request must be 1, got {samples_per_request!r}")  # fmt: skip
         self.fetcher, self.model, self.sampling, self.role = fetcher, model, sampling, role
         self.samples_per_request = int(samples_per_request)
         self.seeded = bool(seeded)
@@ -135,7 +156,7 @@ class EndpointDecoder:
                 sampling_request(self.role, self.model, self.sampling, ids, n=min(n, num_samples - j * n),
                                  max_tokens=max_new_tokens, seed=request_seed, occurrence=occurrence,
                                  extra={} if self.seeded else {"index": j}, vocab_size=getattr(self, "vocab_size", None),
-                                 logprobs=self.logprobs)
+                                 logprobs=self.logprobs, api=self.api)
             )  # fmt: skip
         replies = self.fetcher.fetch(requests, what=f"{self.role} samples")
         if self.logprobs is not None:
@@ -149,12 +170,22 @@ class EndpointDecoder:
 
 def sampling_request(role: str, model: str, sampling: Sampling, prompt: list[int], *, n: int, max_tokens: int,
                      seed: int | None, occurrence: int = 0, extra: dict | None = None,
-                     vocab_size: int | None = None, logprobs: int | None = None) -> Request:  # fmt: skip
+                     vocab_size: int | None = None, logprobs: int | None = None, api: str = "openai") -> Request:  # fmt: skip
     """The request for ``n`` continuations of ``prompt``; its reply is read as their token ids (and,
-    with ``logprobs``, as ``[token ids, reported logprobs]``: :func:`~specverify.endpoint.fidelity.reported_logprobs`)."""
+    with ``logprobs``, as ``[token ids, reported logprobs]``: :func:`~specverify.endpoint.fidelity.reported_logprobs`).
+    ``api``: OpenAI's completions, or llama-server's native route (``n`` must be 1)."""
     upper = MAX_VOCAB if vocab_size is None else int(vocab_size)
+    native = check_api(api) == "llama-server"
+    if native and n != 1:
+        raise InvalidArgument(f"llama-server's native API returns one continuation per request, got n={n}")
 
     def parse(reply):
+        if native:
+            rows = llamaserver.continuations(reply, max_tokens=max_tokens, vocab_size=vocab_size)
+            if logprobs is None:
+                return rows
+            return [rows, llamaserver.reported_logprobs(reply, max_tokens=max_tokens, top=logprobs,
+                                                        vocab_size=vocab_size)]  # fmt: skip
         rows = continuations(reply, n=n, max_tokens=max_tokens, vocab_size=vocab_size)
         if logprobs is None:
             return rows
@@ -175,6 +206,11 @@ def sampling_request(role: str, model: str, sampling: Sampling, prompt: list[int
                 and isinstance(stored[1], list) and len(stored[1]) == n
                 and all(isinstance(r, list) and len(r) == max_tokens for r in stored[1]))  # fmt: skip
 
+    if native:
+        body = llamaserver.sampling_body(prompt, max_tokens=max_tokens, sampling=sampling, seed=seed, logprobs=logprobs)
+        return Request(role, body, parse=parse, occurrence=occurrence, extra=extra or {}, tokens=max_tokens,
+                       max_bytes=llamaserver.sampling_reply_bytes(max_tokens, logprobs), check=check,
+                       path=llamaserver.PATH)  # fmt: skip
     body = completion_body(model, prompt, n=n, max_tokens=max_tokens, sampling=sampling, seed=seed, logprobs=logprobs)
     return Request(role, body, parse=parse, occurrence=occurrence, extra=extra or {}, tokens=n * max_tokens,
                    max_bytes=sampling_reply_bytes(n, max_tokens, logprobs), check=check)  # fmt: skip
@@ -243,6 +279,24 @@ def teacher_forcing_request(
                    check=check)  # fmt: skip
 
 
+def law_request(role: str, prefix: list[int], top: int | None, vocab_size: int | None) -> Request:
+    """llama-server's request for the raw law after ``prefix`` (one prefix per request: it has no prompt
+    logprobs), read as one kept row as :func:`teacher_forcing_request`'s (``[row]`` or ``[[ids, values]]``)."""
+    if top is None:
+        entries = MAX_VOCAB if vocab_size is None else int(vocab_size)
+        check = _rows_check(1, vocab_size)
+    else:
+        assert vocab_size is not None  # check_top_logprobs
+        entries, check = int(top), _tops_check(1, top, vocab_size)
+
+    def parse(reply):
+        law = llamaserver.law_row(reply, vocab_size=vocab_size, top=top)
+        return [law.tolist()] if top is None else [[law[0].tolist(), law[1].tolist()]]  # type: ignore[union-attr]
+
+    return Request(role, llamaserver.law_body(prefix, top=entries), parse=parse, tokens=len(prefix),
+                   max_bytes=llamaserver.law_reply_bytes(entries), check=check, path=llamaserver.PATH)  # fmt: skip
+
+
 class EndpointTarget:
     """The target protocol from a server's full-vocabulary prompt logprobs (see the module docstring).
 
@@ -260,6 +314,12 @@ class EndpointTarget:
         Ask for the ``top_logprobs`` most likely tokens per position instead of the whole
         vocabulary (needs ``vocab_size``, and top-k with k < ``top_logprobs`` or greedy sampling:
         the only laws a top-M list fixes; see the module docstring).
+    api : {"openai", "llama-server"}
+        OpenAI's completions with vLLM's ``prompt_logprobs`` (one request per longest prefix), or
+        llama-server's native route (one request per prefix: :func:`law_request`).
+    banned : tuple of int
+        Tokens the sampling server bans on its own (llama-server's ``ignore_eos``: a logit bias of -inf,
+        the first stage of its chain): probability 0 in every law.  The raw laws kept stay raw.
     """
 
     def __init__(
@@ -271,8 +331,12 @@ class EndpointTarget:
         vocab_size: int | None = None,
         role="target",
         top_logprobs: int | None = None,
+        api: str = "openai",
+        banned: tuple = (),
     ):
         self.fetcher, self.model, self.sampling, self.role = fetcher, model, sampling, role
+        self.api = check_api(api)
+        self.banned = np.asarray(sorted({int(t) for t in banned}), dtype=np.int64)
         check_exact_options(sampling)
         self.vocab_size = vocab_size
         self.top = None if top_logprobs is None else check_top_logprobs(top_logprobs, sampling, vocab_size)
@@ -286,14 +350,7 @@ class EndpointTarget:
         needed = sorted({p for p in prefixes if p not in self.raw})
         if not needed:
             return
-        wanted, planned = set(needed), set[tuple]()
-        requests, plans = [], []
-        for leaf in [p for p in needed if not _has_extension(p, needed)]:
-            keep = [m for m in range(1, len(leaf) + 1) if leaf[:m] in wanted and leaf[:m] not in planned]
-            if keep:
-                planned.update(leaf[:m] for m in keep)
-                requests.append(self._request(list(leaf) + [0], keep, self.top))
-                plans.append((leaf, keep))
+        requests, plans = self._plan(needed)
         for (leaf, keep), rows in zip(plans, self._fetch(requests, "target laws")):
             for m, row in zip(keep, rows):
                 if self.top is None:
@@ -302,6 +359,20 @@ class EndpointTarget:
                     self.raw[leaf[:m]] = (np.asarray(row[0], dtype=np.int64), np.asarray(row[1], dtype=np.float64))
         if self.vocab_size is None:
             self.vocab_size = len(next(iter(self.raw.values())))
+
+    def _plan(self, needed: list[tuple]) -> tuple[list[Request], list[tuple[tuple, list[int]]]]:
+        """The requests that give the laws after ``needed`` (sorted) and, per request, (sequence, kept lengths)."""
+        if self.api == "llama-server":  # no prompt logprobs: one request per prefix
+            return [self._request(list(p), [len(p)], self.top) for p in needed], [(p, [len(p)]) for p in needed]
+        wanted, planned = set(needed), set[tuple]()
+        requests, plans = [], []
+        for leaf in [p for p in needed if not _has_extension(p, needed)]:
+            keep = [m for m in range(1, len(leaf) + 1) if leaf[:m] in wanted and leaf[:m] not in planned]
+            if keep:
+                planned.update(leaf[:m] for m in keep)
+                requests.append(self._request(list(leaf) + [0], keep, self.top))
+                plans.append((leaf, keep))
+        return requests, plans
 
     def _resolve(self, prefixes: list[tuple], prompt_len: int) -> None:
         """Ask again over the whole vocabulary every top-M law in ``prefixes`` whose list does not fix
@@ -313,7 +384,8 @@ class EndpointTarget:
             if not isinstance(law, tuple):
                 continue
             history = _history([prefix], prompt_len) if self.sampling.config().adjusts_logits else None
-            if not top_resolves(law[1], self.vocab_size, self.sampling, ids=law[0], history=history):  # type: ignore[arg-type]
+            kept = ~np.isin(law[0], self.banned)  # a banned token is out of the law before the cuts
+            if not top_resolves(law[1][kept], self.vocab_size, self.sampling, ids=law[0][kept], history=history):  # type: ignore[arg-type]
                 unresolved.append(prefix)
         if self.dense_fallbacks + len(unresolved) > MAX_FALLBACKS:
             error = EndpointError(
@@ -323,13 +395,17 @@ class EndpointTarget:
             )
             self.fetcher.failure = error  # the run ends as for a server that failed for good
             raise error
-        dense = [self._request([*prefix, 0], [len(prefix)], None) for prefix in unresolved]
+        tail = [] if self.api == "llama-server" else [0]
+        dense = [self._request([*prefix, *tail], [len(prefix)], None) for prefix in unresolved]
         self.dense_fallbacks += len(dense)
         for prefix, rows in zip(unresolved, self._fetch(dense, "target laws (whole vocabulary)")):
             self.raw[prefix] = np.asarray(rows[0], dtype=np.float64)
 
     def _request(self, sequence: list[int], keep: list[int], top: int | None) -> Request:
-        """The teacher-forcing request of ``sequence`` keeping the laws after ``sequence[:m]``, m in ``keep``."""
+        """The teacher-forcing request of ``sequence`` keeping the laws after ``sequence[:m]``, m in ``keep``
+        (llama-server: the law after ``sequence`` itself, ``keep == [len(sequence)]``)."""
+        if self.api == "llama-server":
+            return law_request(self.role, sequence, top, self.vocab_size)
         return teacher_forcing_request(self.role, self.model, sequence, keep, top, self.vocab_size)
 
     def _fetch(self, requests: list[Request], what: str) -> list:
@@ -347,6 +423,8 @@ class EndpointTarget:
         if self.top is not None:
             self._resolve(prefixes, prompt_len)
         raw = np.stack([self._row(p) for p in prefixes])  # (B, V)
+        if self.banned.size:
+            raw[:, self.banned] = -math.inf
         history = _history(prefixes, prompt_len) if self.sampling.config().needs_history else None
         return processed_laws(raw, self.sampling, history)
 

@@ -31,6 +31,7 @@ ENGINES = {
     "vllm": "vLLM",
     "hf-transformers": "transformers",
     "llama-cpp": "llama-cpp-python",
+    "llama-server": "llama.cpp llama-server",
     "mistralrs": "mistral.rs",
     "onnxruntime-genai": "ONNX Runtime GenAI",
     "openvino": "OpenVINO GenAI",
@@ -69,7 +70,7 @@ def _fidelity(report: dict) -> str:
 
 #: ``specverify audit`` arguments that say how an audit ran, not what the server was asked (value-taking first).
 _RUN_FLAGS = ("--endpoint", "--model", "--samples-per-request", "--tier", "--seed", "--out", "--alpha",
-              "--reference-endpoint", "--num-samples")  # fmt: skip
+              "--reference-endpoint", "--num-samples", "--api")  # fmt: skip
 _RUN_SWITCHES = ("--skip-determinism", "--no-plots")
 
 

@@ -344,10 +344,14 @@ def place_samples(store: Path, dest: Path, *, limit: int = KEEP_SAMPLES_BYTES) -
 
 
 class Server:
-    """A vLLM server subprocess in its own session (stopped with its engine processes)."""
+    """A server subprocess in its own session (stopped with its engine processes): vLLM's by default;
+    ``env`` and ``model`` (what ``GET /v1/models`` must list) for another server."""
 
-    def __init__(self, argv: Sequence[str], *, log: Path, port: int, ready_timeout: float):
+    def __init__(self, argv: Sequence[str], *, log: Path, port: int, ready_timeout: float,
+                 env: dict | None = None, model: str = MODEL):  # fmt: skip
         self.argv, self.log, self.port, self.ready_timeout = list(argv), log, port, ready_timeout
+        self.env = SERVER_ENV if env is None else env
+        self.model = model
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> Server:
@@ -357,10 +361,10 @@ class Server:
         argv = [sys.executable, *self.argv[1:]] if self.argv[0] == "python" else self.argv
         with open(self.log, "w") as handle:
             self.proc = subprocess.Popen(
-                argv, stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **SERVER_ENV}, start_new_session=True
+                argv, stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **self.env}, start_new_session=True
             )
         try:
-            wait_ready(base_url(self.port), proc=self.proc, timeout=self.ready_timeout, log=self.log)
+            wait_ready(base_url(self.port), proc=self.proc, timeout=self.ready_timeout, log=self.log, model=self.model)
         except BaseException:
             self.stop()
             raise
@@ -450,6 +454,13 @@ def run_config(
     except Exception as error:  # record it and keep going with the next configuration
         record["error"] = f"{type(error).__name__}: {error}"
         record["server_error"] = server_error(work / "server.log")
+    return finish_record(record, dest, store, started)
+
+
+def finish_record(record: dict, dest: Path, store: Path, started: float) -> dict:
+    """Close a configuration's run: no stale report beside an error, the wall time, the samples placed,
+    ``dest/run.json`` written; the record."""
+    if record.get("error"):
         for stale in ("report.json", "report.md", "report.html", "samples.jsonl"):
             (dest / stale).unlink(missing_ok=True)
     record["wall_seconds"] = round(time.perf_counter() - started, 1)
@@ -459,16 +470,41 @@ def run_config(
     return record
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
-    parser.add_argument("--out", type=Path, default=Path("reports/vllm/served"))
+def run_configs(configs: Sequence, only: Sequence[str] | None, out: Path, run_one) -> list[str]:
+    """``run_one(config)`` for each configuration (those named in ``only`` when given), its verdict printed;
+    the names that wrote no report."""
+    failed, started = [], time.perf_counter()
+    for config in configs:
+        if only and config.name not in only:
+            continue
+        print(f"{config.name}: serving and auditing ...", file=sys.stderr, flush=True)
+        record = run_one(config)
+        if record["error"]:
+            failed.append(config.name)
+            print(f"{config.name}: not run: {record['error']}", flush=True)
+        else:
+            verdict = json.loads((out / config.name / "report.json").read_text())["verdict"]
+            print(f"{config.name}: {verdict} ({record['wall_seconds']:.0f} s)", flush=True)
+    print(f"all configurations: {time.perf_counter() - started:.0f} s", flush=True)
+    return failed
+
+
+def served_parser(doc: str | None, *, out: str, scratch: str) -> argparse.ArgumentParser:
+    """The arguments every served-report generator takes: where, seed, tier, which configurations, scratch."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0] if doc else None)
+    parser.add_argument("--out", type=Path, default=Path(out))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tier", default="smoke", choices=("smoke", "standard", "deep"))
-    parser.add_argument("--num-samples", type=int, help="samples per prompt (default: the tier's)")
     parser.add_argument("--only", action="append", help="run only these configurations (README keeps the others)")
     parser.add_argument("--readme-only", action="store_true", help="rewrite README.md from existing reports")
-    parser.add_argument("--scratch", type=Path, default=Path("build/vllm_served"),
-                        help="models, server logs and large sample stores (default build/vllm_served)")  # fmt: skip
+    parser.add_argument("--scratch", type=Path, default=Path(scratch),
+                        help=f"models, server logs and large sample stores (default {scratch})")  # fmt: skip
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = served_parser(__doc__, out="reports/vllm/served", scratch="build/vllm_served")
+    parser.add_argument("--num-samples", type=int, help="samples per prompt (default: the tier's)")
     parser.add_argument("--inprocess", type=Path, default=Path("reports/vllm"), help="the in-process e2e reports")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for GET /v1/models")
@@ -480,22 +516,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown configuration(s) {unknown}; known: {known}")
     failed = []
     if not args.readme_only:
-        started = time.perf_counter()
         models = write_models(args.scratch / "models")
-        for config in CONFIGS:
-            if args.only and config.name not in args.only:
-                continue
-            print(f"{config.name}: serving and auditing ...", file=sys.stderr, flush=True)
-            record = run_config(config, models, out=args.out, scratch=args.scratch, seed=args.seed, tier=args.tier,
-                                num_samples=args.num_samples, port=args.port, ready_timeout=args.ready_timeout,
-                                resume=args.resume)  # fmt: skip
-            if record["error"]:
-                failed.append(config.name)
-                print(f"{config.name}: not run: {record['error']}", flush=True)
-            else:
-                verdict = json.loads((args.out / config.name / "report.json").read_text())["verdict"]
-                print(f"{config.name}: {verdict} ({record['wall_seconds']:.0f} s)", flush=True)
-        print(f"all configurations: {time.perf_counter() - started:.0f} s", flush=True)
+        failed = run_configs(CONFIGS, args.only, args.out, lambda config: run_config(
+            config, models, out=args.out, scratch=args.scratch, seed=args.seed, tier=args.tier,
+            num_samples=args.num_samples, port=args.port, ready_timeout=args.ready_timeout, resume=args.resume))  # fmt: skip
     print(
         write_readme(args.out, inprocess=args.inprocess, seed=args.seed, tier=args.tier, num_samples=args.num_samples)
     )
