@@ -20,7 +20,32 @@ INSTALL = (
 )
 
 #: What the rows found, written from their reports (kept when the README is regenerated).
-FINDINGS = "(no findings written yet)"
+FINDINGS = """\
+1. **The law: every configuration passes.** llama-server's speculation is sample-and-match (the target's
+   own sampler draws each position; a draft token is kept when it equals the draw), and the audits agree:
+   the draft model and `ngram-simple` pass beside their controls at T = 1, greedy, the default chain,
+   frequency + presence penalties (over the whole context, the prompt included) and with a GBNF grammar
+   (two-sample against the server without speculation), at a median detectable TV of about 0.065.  A
+   seeded request returns the same tokens with and without speculation (the repro below prints both).
+2. **Logprob fidelity FAILS with speculation** (the law passes; only the reported numbers are wrong).
+   Every token a speculative verification step emits -- accepted drafts and the target's own correction
+   alike -- is reported at logprob 0.0 (probability 1) with an empty top list: 49,657 mismatches over
+   64,163 emitted tokens with the draft model, 10,778 with `ngram-simple` (it drafts less often), largest
+   difference 9.57; without speculation the same server's logprobs match the teacher-forced laws within
+   6.2e-4.  Standalone: [`repro_speculative_logprobs_zero.py`](repro_speculative_logprobs_zero.py)
+   (exit 1; 22 of 24 tokens reported 0.0).  Upstream: ggml-org/llama.cpp#27972 (open, "llama-server
+   returns logprob 0.0 (p=1.0) for every token when speculative decoding is enabled"), with the open
+   PR #27196 ("server: Support logprobs with speculative decoding"); still present at commit 0c1e570.
+3. **`ignore_eos` bans the end-of-generation tokens** (a logit bias of -inf, `server-schema.cpp`), where
+   vLLM's keeps them in the law and only does not stop: the law under llama-server's `ignore_eos` is the
+   model's without `</s>`.  The audit reads the ban from the reply's `generation_settings.logit_bias`;
+   before it did, the control failed on `</s>` (0 drawn where 15 % were due) -- the audit's error, not
+   the server's, and worth knowing when comparing engines.
+4. **Usability, not the law:** `-md` alone loads the draft model and never drafts (the default
+   `--spec-type` is `none`: 0 draft tokens in a first run); `ngram-simple`'s defaults (a 12-token lookup,
+   48-token drafts) never draft on short contexts, so these rows use a 1-token lookup and K = 3.
+   Acceptance on the tiny noisy pair at T = 1: {draft_t1} (draft model), {ngram_t1} (`ngram-simple`).
+"""
 
 TEMPLATE = """# llama.cpp's llama-server, audited over HTTP
 
@@ -77,6 +102,11 @@ def _drafts(drafts: dict | None) -> str:
     return f"{drafts['accepted_tokens']:,} / {drafts['draft_tokens']:,} ({100 * drafts['acceptance']:.1f} %)"
 
 
+def _run(out: Path, name: str) -> dict | None:
+    path = out / name / "run.json"
+    return json.loads(path.read_text()).get("drafts") if path.exists() else None
+
+
 def readme_rows(out: Path, configs: Sequence) -> list[str]:
     rows = []
     for config, run, rep in read_runs(out, configs):
@@ -120,7 +150,8 @@ def render_readme(out: Path, configs: Sequence, *, binary: str, seed: int, tier:
     return TEMPLATE.format(
         minutes=max(1, round(seconds / 60)), tier=tier, command=command, llama_cpp_python=LLAMA_CPP_PYTHON,
         commit=LLAMA_CPP_COMMIT[:7], install=INSTALL, version=_version(binary), k=K, seed=seed,
-        rows="\n".join(readme_rows(out, configs)), fidelity=fidelity_summary(out, configs), findings=FINDINGS,
+        rows="\n".join(readme_rows(out, configs)), fidelity=fidelity_summary(out, configs),
+        findings=FINDINGS.format(draft_t1=_drafts(_run(out, "draft_k3_t1.0")), ngram_t1=_drafts(_run(out, "ngram_simple_k3_t1.0"))),
         serve_commands=serve,
     )  # fmt: skip
 
