@@ -14,6 +14,20 @@ logprobs should be too.  They are not: with speculation, every token emitted by 
 list; only tokens sampled outside that step (the first, from the prompt) are right.  Here 22 of 24.
 Exit 1 when that happens, 0 when the logprobs agree.
 
+Install: a ``llama-server`` binary (``pip install cmake ninja`` and build llama.cpp's ``llama-server``
+target, as ``python -m tools.reports.llamaserver_build`` does) and Python 3.8+; nothing else.
+
+Expected output (the tiny pair, llama.cpp 0c1e570)::
+
+    drafted: 51 accepted: 5
+    same tokens: True
+     i token  logprob (no speculation)  logprob (speculation)  top entries
+     0     9                 -2.304959              -2.304959  3 / 3
+     1    20                 -0.438149               0.000000  3 / 0  <- wrong
+    ...
+    23    10                 -0.766158              -0.766151  3 / 3
+    22 of 24 tokens reported otherwise with speculation
+
 Any GGUF target and draft with one vocabulary work; the default paths are the tiny seeded pair the
 report generator writes (``python -m tools.reports.llamaserver_served`` in the checkout, into
 ``build/llamaserver_served/models``).  Seen at llama.cpp commit 0c1e570 (llama-cpp-python 0.3.36's
