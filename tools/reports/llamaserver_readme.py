@@ -24,8 +24,10 @@ FINDINGS = """\
 1. **The law: every configuration passes.** llama-server's speculation is sample-and-match (the target's
    own sampler draws each position; a draft token is kept when it equals the draw), and the audits agree:
    the draft model and `ngram-simple` pass beside their controls at T = 1, greedy, the default chain,
-   frequency + presence penalties (over the whole context, the prompt included) and with a GBNF grammar
-   (two-sample against the server without speculation), at a median detectable TV of about 0.065.  A
+   frequency + presence penalties (over the whole context, the prompt included), and with the repetition
+   penalty and a GBNF grammar (both two-sample against the server without speculation: the repetition
+   penalty's law needs logits, the grammar's is sample-check-resample), at a median detectable TV of
+   0.062-0.070.  A
    seeded request returns the same tokens with and without speculation (the repro below prints both).
 2. **Logprob fidelity FAILS with speculation** (the law passes; only the reported numbers are wrong).
    Every token a speculative verification step emits -- accepted drafts and the target's own correction

@@ -68,6 +68,8 @@ FAMILIES = (
      ("--temperature", "0.8", "--top-k", "40", "--top-p", "0.95", "--min-p", "0.05"), False),
     ("penalties", "T=0.9, frequency 0.6, presence 0.4 (the window: the whole context)",
      ("--temperature", "0.9", "--frequency-penalty", "0.6", "--presence-penalty", "0.4"), False),
+    ("repetition", "T=0.9, repetition penalty 1.3, two-sample against a server without speculation (its law needs "
+     "logits)", ("--temperature", "0.9", "--repetition-penalty", "1.3", "--two-sample"), True),
     ("logprobs", "T=1, logprobs 3 (raw: llama-server's post_sampling_probs=false)", ("--logprobs", "3"), False),
     ("grammar", f"T=1, the GBNF grammar {GBNF}, two-sample against a server without speculation",
      ("--ebnf", GBNF, "--two-sample"), True),
