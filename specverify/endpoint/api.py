@@ -193,10 +193,11 @@ def teacher_forcing_body(model: str, sequence: list[int], *, top: int = -1) -> d
     }
 
 
-def sampling_reply_bytes(n: int, max_tokens: int, logprobs: int | None = None) -> int:
+def sampling_reply_bytes(n: int, max_tokens: int, logprobs: int | None = None, *,
+                         per_entry: int = BYTES_PER_LOGPROB) -> int:  # fmt: skip
     """The most bytes a reply of ``n`` continuations of ``max_tokens`` tokens may hold (with
-    ``logprobs``: each token's logprob and top list, ``logprobs + 1`` entries, on top)."""
-    per_token = BYTES_PER_TOKEN + (0 if logprobs is None else (int(logprobs) + 1) * BYTES_PER_LOGPROB)
+    ``logprobs``: each token's logprob and top list, ``logprobs + 1`` entries of ``per_entry`` bytes, on top)."""
+    per_token = BYTES_PER_TOKEN + (0 if logprobs is None else (int(logprobs) + 1) * int(per_entry))
     return REPLY_BASE_BYTES + int(n) * int(max_tokens) * per_token
 
 

@@ -41,8 +41,8 @@ import json
 import numpy as np
 
 from specverify.core.errors import InvalidArgument
+from specverify.endpoint import api
 from specverify.endpoint.api import (
-    BYTES_PER_TOKEN,
     MAX_VOCAB,
     REPLY_BASE_BYTES,
     Sampling,
@@ -141,8 +141,7 @@ def sampling_body(prompt: list[int], *, max_tokens: int, sampling: Sampling, see
 
 def sampling_reply_bytes(max_tokens: int, logprobs: int | None = None) -> int:
     """The most bytes a reply of one continuation of ``max_tokens`` tokens may hold."""
-    per_token = BYTES_PER_TOKEN + (0 if logprobs is None else (int(logprobs) + 1) * BYTES_PER_ENTRY)
-    return REPLY_BASE_BYTES + int(max_tokens) * per_token
+    return api.sampling_reply_bytes(1, max_tokens, logprobs, per_entry=BYTES_PER_ENTRY)
 
 
 def _result(reply, what: str) -> dict:
