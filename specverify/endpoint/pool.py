@@ -57,7 +57,7 @@ class Request:
 
     @property
     def key(self) -> str:
-        payload = {"body": self.body, **({"extra": self.extra} if self.extra else {})}
+        payload: dict[str, object] = {"body": self.body, **({"extra": self.extra} if self.extra else {})}
         if self.path != "completions":
             payload["path"] = self.path
         return request_key(self.role, payload, self.occurrence)

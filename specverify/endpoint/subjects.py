@@ -291,7 +291,7 @@ def law_request(role: str, prefix: list[int], top: int | None, vocab_size: int |
 
     def parse(reply):
         law = llamaserver.law_row(reply, vocab_size=vocab_size, top=top)
-        return [law.tolist()] if top is None else [[law[0].tolist(), law[1].tolist()]]  # type: ignore[union-attr]
+        return [law.tolist()] if top is None else [[law[0].tolist(), law[1].tolist()]]
 
     return Request(role, llamaserver.law_body(prefix, top=entries), parse=parse, tokens=len(prefix),
                    max_bytes=llamaserver.law_reply_bytes(entries), check=check, path=llamaserver.PATH)  # fmt: skip
