@@ -9,7 +9,7 @@ from pathlib import Path
 
 from specverify.core.files import atomic_write_text
 from tools.reports.llamaserver_build import LLAMA_CPP_COMMIT, LLAMA_CPP_PYTHON
-from tools.reports.vllm_served_readme import _cell, _memo, _requests, fidelity_summary, read_runs, table_evidence
+from tools.reports.vllm_served_readme import _cell, _memo, _requests, fidelity_summary, only_flags, read_runs, table_evidence
 
 __all__ = ["INSTALL", "FINDINGS", "render_readme", "write_readme"]
 
@@ -24,7 +24,8 @@ FINDINGS = """\
 1. **The law: every configuration passes.** llama-server's speculation is sample-and-match (the target's
    own sampler draws each position; a draft token is kept when it equals the draw), and the audits agree:
    the draft model and `ngram-simple` pass beside their controls at T = 1, greedy, the default chain,
-   frequency + presence penalties (over the whole context, the prompt included), and with the repetition
+   frequency + presence penalties (over the whole context, the prompt included), min-p with two logit
+   biases (see 5 for its seed-0 warning), and with the repetition
    penalty and a GBNF grammar (both two-sample against the server without speculation: the repetition
    penalty's law needs logits, the grammar's is sample-check-resample), at a median detectable TV of
    0.062-0.070.  A
@@ -47,6 +48,14 @@ FINDINGS = """\
    `--spec-type` is `none`: 0 draft tokens in a first run); `ngram-simple`'s defaults (a 12-token lookup,
    48-token drafts) never draft on short contexts, so these rows use a 1-token lookup and K = 3.
    Acceptance on the tiny noisy pair at T = 1: {draft_t1} (draft model), {ngram_t1} (`ngram-simple`).
+5. **The min-p + logit-bias rows are SUSPICIOUS at seed 0, control included, and pass at seed 1.**  All
+   three flag the same test with the same numbers (independence/collisions at prompt1, p = 0.00453,
+   adjusted p = 0.0652: the gate passes): sample-and-match draws the same tokens for the same seed with
+   and without speculation, so the three rows are one draw.  Rerun at seed 1 (the same command with
+   `--out reports/llama-server/followup_seed1 --seed 1 --only control_no_spec_minp_bias --only
+   draft_k3_minp_bias --only ngram_simple_k3_minp_bias`): all three PASS
+   ([`followup_seed1`](followup_seed1/README.md)).  A real deviation keeps lowering p as N grows;
+   this one did not return.
 """
 
 TEMPLATE = """# llama.cpp's llama-server, audited over HTTP
@@ -142,6 +151,7 @@ def render_readme(out: Path, configs: Sequence, *, binary: str, seed: int, tier:
     records = [json.loads((out / c.name / "run.json").read_text()) for c in configs if (out / c.name / "run.json").exists()]
     seconds = sum(r.get("wall_seconds", 0) for r in records)
     command = f"python -m tools.reports.llamaserver_served --out {out.as_posix()} --seed {seed} --tier {tier}"
+    command += only_flags(out, configs)
     serve = "\n".join(
         f"- `{r['name']}`: `{r['serve_command']}`"
         + (f"; reference: `{r['reference_serve_command']}`" if r.get("reference_serve_command") else "")

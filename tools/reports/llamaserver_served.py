@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.reports.vllm_served import HOST, Server, base_url, finish_record, run_configs, served_parser
+from tools.reports.vllm_served_configs import MIN_P_BIAS
 
 __all__ = ["CONFIGS", "ServedLlama", "serve_argv", "draft_counts", "main"]
 
@@ -70,6 +71,8 @@ FAMILIES = (
      ("--temperature", "0.9", "--frequency-penalty", "0.6", "--presence-penalty", "0.4"), False),
     ("repetition", "T=0.9, repetition penalty 1.3, two-sample against a server without speculation (its law needs "
      "logits)", ("--temperature", "0.9", "--repetition-penalty", "1.3", "--two-sample"), True),
+    ("minp_bias", "T=0.9, min-p 0.02, logit bias 5=1.5 9=-2 (llama.cpp's chain: the bias, then min-p on the untempered "
+     "softmax, then the temperature)", MIN_P_BIAS, False),
     ("logprobs", "T=1, logprobs 3 (raw: llama-server's post_sampling_probs=false)", ("--logprobs", "3"), False),
     ("grammar", f"T=1, the GBNF grammar {GBNF}, two-sample against a server without speculation",
      ("--ebnf", GBNF, "--two-sample"), True),

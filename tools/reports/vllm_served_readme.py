@@ -102,6 +102,13 @@ def read_runs(out: Path, configs: Sequence):
         yield config, run, None if failed else json.loads(rep_path.read_text())
 
 
+def only_flags(out: Path, configs: Sequence) -> str:
+    """`` --only NAME`` for each configuration run under ``out`` when not all were (a follow-up directory), so that
+    its README's regenerate command reruns what it holds and nothing else; "" when all were."""
+    ran = [c.name for c in configs if (out / c.name / "run.json").exists()]
+    return "" if len(ran) == len(configs) else "".join(f" --only {name}" for name in ran)
+
+
 def readme_rows(out: Path, configs: Sequence[Served]) -> tuple[list[str], list[str]]:
     """The results table rows and the evidence lines of the configurations run under ``out``."""
     rows, lines = [], []
@@ -404,6 +411,7 @@ def render_readme(out: Path, configs: Sequence[Served], *, inprocess: Path, seed
     rows, lines = readme_rows(out, configs)
     versions = records[0]["versions"] if records else engine_versions()
     command = f"python -m tools.reports.vllm_served --out {out.as_posix()} --seed {seed} --tier {tier}"
+    command += only_flags(out, configs)
     if num_samples is not None:
         command += f" --num-samples {num_samples}"
     serve = "\n".join(
