@@ -74,6 +74,7 @@ def test_a_configuration_without_a_report_says_how_it_ended():
     assert _failure({"error": url + "HTTP 500: Internal", "server_error": "grammar rejected [0]"}) == (
         "server error", "HTTP 500: Internal; it logged: grammar rejected [0]")  # fmt: skip
     assert _failure({"error": "ServerError: exited with code 1"}) == ("not run", "ServerError: exited with code 1")
+    assert _failure({"error": None, "not_audited": "no dialect"}) == ("not audited", "no dialect")
     command = ("specverify audit --endpoint http://127.0.0.1:8000 --model m --samples-per-request 50 --top-k 12 "
                "--json-schema '{\"type\": \"object\"}' --skip-determinism --tier smoke --seed 0 --out x --no-plots")  # fmt: skip
     assert _asked(command) == '--top-k 12 --json-schema \'{"type": "object"}\''
@@ -90,13 +91,14 @@ def test_the_engine_matrix_opens_the_reports_readme_and_is_current(tmp_path):
     rows = matrix_rows(ROOT / "reports")
     assert text[text.index(START) : text.index(END) + len(END)] == render_matrix(rows)
     assert {r["engine"] for r in rows} >= {"vLLM", "transformers", "llama-cpp-python", "OpenVINO GenAI"}
-    reports = [r for r in rows if r["verdict"] not in ("refused", "crashed", "server error", "not run")]
+    reports = [r for r in rows if r["verdict"] not in ("refused", "crashed", "server error", "not run", "not audited")]
     assert len(reports) == sum(1 for _ in (ROOT / "reports").rglob("report.json")) - sum(
         1 for p in (ROOT / "reports").glob("*/report.json")
     )  # every engine report; the example reports (one level down) have their own index
     refusals = [p for p in (ROOT / "reports").rglob("run.json")
-                if json.loads(p.read_text()).get("error") and not (p.parent / "report.json").exists()]  # fmt: skip
-    assert len(rows) - len(reports) == len(refusals)  # and every recorded refusal
+                if (json.loads(p.read_text()).get("error") or json.loads(p.read_text()).get("not_audited"))
+                and not (p.parent / "report.json").exists()]  # fmt: skip
+    assert len(rows) - len(reports) == len(refusals)  # and every recorded refusal, failed start and unaudited run
     # a verdict that changes changes the matrix
     copy = tmp_path / "reports"
     shutil.copytree(ROOT / "reports" / "mistralrs", copy / "mistralrs")

@@ -339,7 +339,10 @@ def _stored(path: Path) -> int:
 
 @pytest.mark.parametrize("where", ["between requests", "inside a slow reply"])
 def test_ctrl_c_is_one_line_exit_130_and_the_same_command_resumes(hostile, clean, tmp_path, where):
-    """SIGINT ends the audit within 2 s, requests in flight abandoned (even a reply still dripping in)."""
+    """SIGINT ends the audit promptly, requests in flight abandoned (even a reply still dripping in): well
+    before the 30 s read timeout that waiting for the dripping reply would take.  The bound, 10 s, is that
+    separation with room for a loaded machine (2.5 s measured with two other CPU-heavy
+    jobs on 2 cores); it is not a speed claim."""
     out = tmp_path / "out"
     url = hostile.url if where == "between requests" else hostile.hostile("drip", 6, run=f"int-{tmp_path.name}")
     command = [sys.executable, "-m", "specverify", "audit", "--endpoint", url, "--model", "tiny-reference", *FAST,
@@ -350,7 +353,7 @@ def test_ctrl_c_is_one_line_exit_130_and_the_same_command_resumes(hostile, clean
     else:  # the header and four replies stored (the two probes are not): the next reply is dripping in
         interrupted, seconds = _interrupt(command, lambda: _stored(store) >= 5 and time.sleep(1.0) is None)
     assert interrupted.returncode == 130, interrupted.stderr[-2000:]
-    assert seconds < 2.0, seconds
+    assert seconds < 10.0, seconds
     said = [line for line in interrupted.stderr.splitlines() if not line.startswith(("[", "will send"))]
     stored = len(read_store(store).records)
     assert said == [f"specverify: interrupted: {stored:,} of at most {said[0].split('at most ')[1].split()[0]} "

@@ -6,7 +6,8 @@
 
 One row per ``report.json`` under an engine's directory (``reports/<engine>/.../report.json``), and
 one per configuration that wrote no report (a ``run.json`` whose ``error`` says why: refused with HTTP
-4xx, the server crashed, or it answered HTTP 5xx):
+4xx, the server crashed, it answered HTTP 5xx or did not start; or whose ``not_audited`` says why a
+server that ran was not audited):
 engine, configuration (linked to its report), what was audited (subject and mode: exact
 conditionals, two-sample, greedy; in process or served over HTTP), the options the report
 records, the verdict, logprob fidelity where the audit checked it, and the median detectable
@@ -36,6 +37,7 @@ ENGINES = {
     "onnxruntime-genai": "ONNX Runtime GenAI",
     "openvino": "OpenVINO GenAI",
     "eagle": "EAGLE (SafeAILab)",
+    "sglang": "SGLang",
 }
 START, END = "<!-- engine-matrix:start -->", "<!-- engine-matrix:end -->"
 
@@ -88,7 +90,10 @@ def _asked(command: str) -> str:
 
 def _failure(run: dict) -> tuple[str, str]:
     """How a configuration that wrote no report ended, and the server's words: ``refused`` (an HTTP 4xx
-    answer), ``crashed`` (the server stopped answering; its logged root cause) or ``server error`` (HTTP 5xx)."""
+    answer), ``crashed`` (the server stopped answering; its logged root cause), ``server error`` (HTTP 5xx),
+    ``not run`` (it did not start) or ``not audited`` (it ran, and the record says why no audit did)."""
+    if not run.get("error") and run.get("not_audited"):
+        return "not audited", str(run["not_audited"])
     error = str(run.get("error") or "")
     words = error.split(": ", 2)[-1] if error.startswith("EndpointError: POST ") else error
     logged = run.get("server_error")
@@ -108,7 +113,7 @@ def matrix_rows(reports: Path) -> list[dict]:
         found = {p.parent: p for p in (reports / folder).rglob("report.json")}
         for path in (reports / folder).rglob("run.json"):
             run = json.loads(path.read_text(encoding="utf-8"))
-            if path.parent not in found and run.get("error"):
+            if path.parent not in found and (run.get("error") or run.get("not_audited")):
                 found[path.parent] = path
         for directory in sorted(found):
             relative = directory.relative_to(reports)
@@ -153,8 +158,9 @@ def render_matrix(rows: list[dict]) -> str:
         f"{len(rows)} reports: " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) + ". "
         "An `error` is a finding too (the engine crashed or broke the protocol), and so are the rows that "
         "wrote no report: `refused` (the server answered the configuration's requests with HTTP 4xx), "
-        "`crashed` (the server died during the audit; its logged root cause is in the row) and `server error` "
-        "(HTTP 5xx); each "
+        "`crashed` (the server died during the audit; its logged root cause is in the row), `server error` "
+        "(HTTP 5xx), `not run` (the server did not start; its logged error) and `not audited` (it ran; why "
+        "no audit did); each "
         "engine's README says what every FAIL and ERROR is, with its standalone repro and upstream status.",
         "",
         "| engine | configuration | audit | options | verdict | logprob fidelity | detectable TV (median) |",
