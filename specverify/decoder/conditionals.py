@@ -22,6 +22,12 @@ processed conditional at every sampled prefix is computed by teacher forcing
 * ``independence``: the first new tokens of the N samples are i.i.d. from
   p(. | prompt); within-batch collision counts (consecutive batches of 64 rows)
   against the exact moments, two-sided;
+* ``tail_mass`` (vocabularies of at least :data:`~specverify.verifier.mass_sets.LARGE_VOCAB` ids):
+  every emitted token in the tail of its own exact conditional (beyond its
+  :data:`~specverify.verifier.mass_sets.TAIL_HEAD` most probable ids) against the tails' exact
+  masses (:func:`specverify.stats.set_mass_test`, Poisson-binomial): where large-vocabulary faults
+  move mass (a float32 running sum that stalls in the tail, a silent top-k cut) and where the
+  position and node bins pool too many ids to see it.
 * ``dependence``: rows in pairs (adjacent, offsets 32..256, tile edges, first and last,
   random), the products of their tokens' centred mid-ranks at every position
   (:func:`specverify.stats.midrank_pair_test`).
@@ -42,6 +48,7 @@ import torch
 from specverify import stats
 from specverify.core.results import TestResult
 from specverify.core.seeds import derive_seed
+from specverify.verifier.mass_sets import LARGE_VOCAB, TAIL_HEAD, emitted_in_tail, informative
 
 from .protocol import conditional_blocks
 
@@ -130,6 +137,7 @@ def analyse_exact(
     pit_values, scores, variances = [], [], []
     mids, mid_vars = [], []  # (b, L) per chunk: each token's centred mid-rank and its variance
     score_bound = 0.0
+    tail_flags, tail_masses = [], []  # per chunk (b L,): each token in its law's tail, the tail's mass
     bad_rows, bad_pos, bad_tok = [], [], []
     all_one_hot = True
     prompt_probs = None
@@ -155,6 +163,10 @@ def analyse_exact(
         mid = stats.mid_distribution(law)  # (b, L, V)
         mids.append(np.take_along_axis(mid, chunk.numpy()[..., None], -1)[..., 0])  # (b, L)
         mid_vars.append((law * mid * mid).sum(-1))  # (b, L)
+        if V >= LARGE_VOCAB:
+            in_tail, tail_mass = emitted_in_tail(flat, flat_tokens)
+            tail_flags.append(in_tail.numpy())
+            tail_masses.append(tail_mass.numpy())
         sc, var, chunk_bound = stats.entropy_scores(flat, flat_tokens)
         score_bound = max(score_bound, chunk_bound)
         scores.append(np.asarray(sc, dtype=np.float64))
@@ -202,6 +214,11 @@ def analyse_exact(
             **labels,
         )
     )
+    # ---- the tails' mass, every token (large vocabularies)
+    if tail_masses and informative(np.concatenate(tail_masses)):
+        label = f"the tail beyond each law's top {TAIL_HEAD:,} ids"
+        res.append(stats.set_mass_test(np.concatenate(tail_flags), np.concatenate(tail_masses), label=label,
+                                       alpha=plan.alpha, name="tail_mass", position="all", **labels))  # fmt: skip
     # ---- support, every token
     res.append(_support_result(bad_rows, bad_pos, bad_tok, N * L, scenario))
     # ---- independence of the first new tokens

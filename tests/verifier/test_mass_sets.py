@@ -6,10 +6,13 @@ import dataclasses
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from specverify.decoder.conditionals import ExactPlan, analyse_exact
 from specverify.mutants import by_name
 from specverify.verifier.battery import run_scenario
-from specverify.verifier.mass_sets import LARGE_VOCAB, outside_support_mass, tail_sets
+from specverify.verifier.mass_sets import LARGE_VOCAB, emitted_in_tail, outside_support_mass, tail_sets
 from specverify.verifier.scenarios import get_scenarios
 from specverify_reference.rules import verify
 
@@ -73,3 +76,60 @@ def test_reference_passes_and_q_unscattered_is_caught():
 
 def test_toy_vocabularies_get_no_set_tests():
     assert _mass_tests(verify, _scenario(LARGE_VOCAB // 2)) == {}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_the_emitted_tokens_tail_is_tail_sets_without_a_sort(seed):
+    """Rows with ties and zeros (four levels), any head: the same flags and masses as :func:`tail_sets`."""
+    g = torch.Generator().manual_seed(seed)
+    V = int(torch.randint(2, 40, (1,), generator=g))
+    head = int(torch.randint(1, V + 3, (1,), generator=g))
+    levels = torch.tensor([0.0, 1.0, 2.0, 3.0], dtype=torch.float64)
+    rows = levels[torch.randint(0, 4, (6, V), generator=g)]  # (6, V)
+    rows[rows.sum(-1) == 0, 0] = 1.0
+    rows = rows / rows.sum(-1, keepdim=True)
+    tokens = torch.randint(0, V, (6,), generator=g)
+    in_tail, mass = tail_sets(rows, head)
+    flags, masses = emitted_in_tail(rows, tokens, head)
+    assert torch.equal(flags, in_tail[torch.arange(6), tokens])
+    assert torch.allclose(masses, mass, rtol=0, atol=1e-15)
+
+
+class _FixedLaw:
+    """A target whose conditional is one law after every prefix."""
+
+    def __init__(self, law: torch.Tensor):
+        self.law = law
+
+    def next_token_probs(self, prefix: torch.Tensor) -> torch.Tensor:
+        return self.law.expand(prefix.shape[0], -1)
+
+
+def _decoder_tail_test(law: torch.Tensor, sampled: torch.Tensor, n: int = 400, length: int = 2):
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.multinomial(sampled, n * length, replacement=True, generator=g).reshape(n, length)
+    out = analyse_exact(_FixedLaw(law), torch.tensor([1, 2]), tokens, law.numel(), scenario="tail",
+                        plan=ExactPlan(alpha=ALPHA), pit_seed=0)  # fmt: skip
+    return {r.name: r for r in out.results}.get("tail_mass")
+
+
+def test_the_decoder_battery_weighs_the_tail_and_catches_a_silent_top_k():
+    """A Zipf law over 16,384 ids (18.6 % of its mass beyond the top 1,024): tokens drawn from it pass;
+    tokens drawn from its top 1,024 alone (a silent top-k, the tail cut away) fail, while a toy
+    vocabulary gets no such test."""
+    V = 2 * LARGE_VOCAB
+    law = 1.0 / torch.arange(1, V + 1, dtype=torch.float64) ** 1.1
+    law /= law.sum()
+    tail = float(law[1024:].sum())
+    assert 0.15 < tail < 0.25
+    passed = _decoder_tail_test(law, law)
+    assert passed is not None and passed.pvalue > ALPHA / 10, passed.summary()
+    assert passed.details["expected"] == pytest.approx(800 * tail)
+    assert 0 < passed.mde_tv < 0.1  # 800 tokens: a shift of the tail's mass by 0.1 is caught at power 0.9
+    truncated = law.clone()
+    truncated[1024:] = 0
+    failed = _decoder_tail_test(law, truncated / truncated.sum())
+    assert failed.pvalue < 1e-12 and failed.details["observed"] == 0, failed.summary()
+    small = law[: LARGE_VOCAB // 2] / law[: LARGE_VOCAB // 2].sum()
+    assert _decoder_tail_test(small, small) is None
