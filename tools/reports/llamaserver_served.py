@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tools.reports.vllm_served import HOST, Server, base_url, finish_record, run_configs, served_parser
+from tools.reports.vllm_served import HOST, Server, base_url, finish_record, parse_served, run_configs, served_parser
 from tools.reports.vllm_served_configs import MIN_P_BIAS
 
 __all__ = ["CONFIGS", "ServedLlama", "serve_argv", "draft_counts", "main"]
@@ -172,10 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--binary", default=shutil.which("llama-server") or "llama-server")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--ready-timeout", type=float, default=120.0)
-    args = parser.parse_args(argv)
-    unknown = sorted(set(args.only or ()) - {c.name for c in CONFIGS})
-    if unknown:
-        parser.error(f"unknown configuration(s) {unknown}; known: {[c.name for c in CONFIGS]}")
+    args = parse_served(parser, argv, CONFIGS)
     failed = []
     if not args.readme_only:
         models = save_tiny_gguf(args.scratch / "models")

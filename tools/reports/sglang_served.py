@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from specverify.core.files import atomic_write_text
-from tools.reports.vllm_served import HOST, Server, ServerError, base_url, port_answers, served_parser, write_models
+from tools.reports.vllm_served import HOST, Server, ServerError, base_url, port_answers, parse_served, served_parser, write_models
 
 __all__ = ["CONFIGS", "ServedSglang", "serve_argv", "probe", "root_cause", "main"]
 
@@ -212,10 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default=".venvs/sglang/bin/python", help="SGLang's virtualenv interpreter")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--ready-timeout", type=float, default=240.0)
-    args = parser.parse_args(argv)
-    unknown = sorted(set(args.only or ()) - {c.name for c in CONFIGS})
-    if unknown:
-        parser.error(f"unknown configuration(s) {unknown}; known: {[c.name for c in CONFIGS]}")
+    args = parse_served(parser, argv, CONFIGS)
     if not args.readme_only:
         models = write_models(args.scratch / "models")
         for config in CONFIGS:

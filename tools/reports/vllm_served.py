@@ -502,6 +502,16 @@ def served_parser(doc: str | None, *, out: str, scratch: str) -> argparse.Argume
     return parser
 
 
+def parse_served(parser: argparse.ArgumentParser, argv: list[str] | None, configs: Sequence) -> argparse.Namespace:
+    """``parser``'s arguments, ``--only`` checked against the configurations' names (a usage error names them)."""
+    args = parser.parse_args(argv)
+    known = [c.name for c in configs]
+    unknown = [n for n in args.only or () if n not in known]
+    if unknown:
+        parser.error(f"unknown configuration(s) {unknown}; known: {known}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = served_parser(__doc__, out="reports/vllm/served", scratch="build/vllm_served")
     parser.add_argument("--num-samples", type=int, help="samples per prompt (default: the tier's)")
@@ -509,11 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for GET /v1/models")
     parser.add_argument("--resume", action="store_true", help="keep the scratch sample stores (an interrupted run)")
-    args = parser.parse_args(argv)
-    known = [c.name for c in CONFIGS]
-    unknown = [n for n in args.only or () if n not in known]
-    if unknown:
-        parser.error(f"unknown configuration(s) {unknown}; known: {known}")
+    args = parse_served(parser, argv, CONFIGS)
     failed = []
     if not args.readme_only:
         models = write_models(args.scratch / "models")
