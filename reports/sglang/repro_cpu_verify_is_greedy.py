@@ -1,7 +1,8 @@
 """SGLang's speculative verification on CPU commits the target's argmax at every temperature.
 
-Standalone (no specverify).  Run with SGLang installed (any device: the function is pure Python):
+Standalone (no specverify).  The function is pure Python, so any machine with SGLang shows it:
 
+    pip install sglang==0.5.23      # on a CPU-only machine: the install line of reports/sglang/README.md
     python repro_cpu_verify_is_greedy.py
 
 ``sglang.srt.speculative.eagle_utils._verify_uses_greedy`` decides, per verify step, whether the step
@@ -9,12 +10,13 @@ commits ``argmax`` of the target's logits (greedy) or samples with the rejection
 sampled requests (``is_all_greedy=False``: temperature 1, say) it should answer False on every device
 that samples; on CPU it answers True, with and without ``--speculative-use-rejection-sampling``, so a
 sampled request served with EAGLE, EAGLE-3, MTP or NGRAM on CPU comes back greedy.  Exit 1 while it does.
-Expected with SGLang 0.5.23:
+
+Expected output with SGLang 0.5.23 (after its import warnings):
 
     device cuda rejection sampling False: greedy False
     device cuda rejection sampling True : greedy False
-    device cpu   rejection sampling False: greedy True
-    device cpu   rejection sampling True : greedy True
+    device cpu  rejection sampling False: greedy True
+    device cpu  rejection sampling True : greedy True
     FAULT: a sampled (non-greedy) batch is verified greedily on CPU
 """
 

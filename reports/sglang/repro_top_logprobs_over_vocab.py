@@ -1,12 +1,13 @@
 """One request for more top logprobs than the vocabulary stops an SGLang server.
 
-Standalone (no specverify; the standard library only).  Start any SGLang server, then:
+Standalone (no specverify; the standard library only).  Start any SGLang server (``pip install
+sglang==0.5.23``; on a CPU without AMX as in reports/sglang/README.md), then:
 
     python repro_top_logprobs_over_vocab.py --url http://127.0.0.1:30000 --vocab-size 32000
 
 It sends ``POST /generate`` with ``top_logprobs_num`` = the vocabulary size (answered), then one with the
-vocabulary size + 1, then checks that the server still answers.  Exit 1 when it does not.  Expected with
-SGLang 0.5.23 (the server logs ``RuntimeError: selected index k out of range`` from ``logprobs.topk`` in
+vocabulary size + 1, then checks that the server still answers.  Exit 1 when it does not.  Expected output
+with SGLang 0.5.23 (the server logs ``RuntimeError: selected index k out of range`` from ``logprobs.topk`` in
 ``sglang/srt/layers/logprob_processor.py`` and exits; seen on the tiny V = 32 model of reports/sglang):
 
     top_logprobs_num = V: answered

@@ -22,9 +22,9 @@ processed conditional at every sampled prefix is computed by teacher forcing
 * ``independence``: the first new tokens of the N samples are i.i.d. from
   p(. | prompt); within-batch collision counts (consecutive batches of 64 rows)
   against the exact moments, two-sided;
-* ``tail_mass`` (vocabularies of at least :data:`~specverify.verifier.mass_sets.LARGE_VOCAB` ids):
+* ``tail_mass`` (vocabularies of at least :data:`~specverify.stats.tails.LARGE_VOCAB` ids):
   every emitted token in the tail of its own exact conditional (beyond its
-  :data:`~specverify.verifier.mass_sets.TAIL_HEAD` most probable ids) against the tails' exact
+  :data:`~specverify.stats.tails.TAIL_HEAD` most probable ids) against the tails' exact
   masses (:func:`specverify.stats.set_mass_test`, Poisson-binomial): where large-vocabulary faults
   move mass (a float32 running sum that stalls in the tail, a silent top-k cut) and where the
   position and node bins pool too many ids to see it.
@@ -48,7 +48,7 @@ import torch
 from specverify import stats
 from specverify.core.results import TestResult
 from specverify.core.seeds import derive_seed
-from specverify.verifier.mass_sets import LARGE_VOCAB, TAIL_HEAD, emitted_in_tail, informative
+from specverify.stats.tails import LARGE_VOCAB, TAIL_HEAD, emitted_in_tail, informative
 
 from .protocol import conditional_blocks
 

@@ -25,9 +25,9 @@ Regenerate (from the repository root, in the main virtualenv; the servers run in
 {command}
 ```
 
-Install SGLang {sglang} (one command from a fresh clone, about 6 minutes here: torch 117 s from this
-machine's local files, SGLang and its dependencies 246 s; the virtualenv takes 7.0 GB, mostly the CUDA
-libraries of PyPI's torch build):
+Install SGLang {sglang} (one command; from a fresh clone 5 min 5 s with pip's cache warm, 6.3 min the
+first time: torch 117 s from this machine's local files, SGLang and its dependencies 246 s; the
+virtualenv takes 7.0 GB, mostly the CUDA libraries of PyPI's torch build):
 
 ```bash
 {install}
