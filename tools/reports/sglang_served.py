@@ -192,10 +192,10 @@ def run_config(config: ServedSglang, models, *, python: str, out: Path, scratch:
             record["started"] = True
             record["startup_seconds"] = round(time.perf_counter() - started, 1)
             record["probes"] = probe(port, vocab_size, log)
-        if config.algorithm is None:
-            record["not_audited"] = "serves, but the endpoint audit has no SGLang /generate dialect"
-        elif not record["probes"]["sampled"]["ok"]:
+        if config.algorithm is not None and not record["probes"]["sampled"]["ok"]:
             record["error"] = f"starts, then fails its first request: {root_cause(log) or 'no error logged'}"
+        else:  # a matrix row all the same: it serves
+            record["not_audited"] = "serves, but the endpoint audit has no SGLang /generate dialect"
     except ServerError as error:
         cause = root_cause(log)
         record["error"] = f"does not start: {cause}" if cause else f"ServerError: {str(error)[:300]}"
