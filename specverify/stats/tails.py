@@ -78,10 +78,15 @@ def emitted_in_tail(
     wide = ((rows > 0).sum(-1) > head).nonzero().squeeze(-1)  # rows with a tail (top-k laws have none)
     if head >= V or not wide.numel():
         return in_tail, mass
-    if wide.numel() < n:
-        flags, tails = emitted_in_tail(rows[wide], tokens[wide], head)
-        in_tail[wide], mass[wide] = flags, tails
+    if wide.numel() < n:  # only the rows with a tail
+        in_tail[wide], mass[wide] = _tail_of_wide_rows(rows[wide], tokens[wide], head)
         return in_tail, mass
+    return _tail_of_wide_rows(rows, tokens, head)
+
+
+def _tail_of_wide_rows(rows: torch.Tensor, tokens: torch.Tensor, head: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`emitted_in_tail` of rows (n, V) that all have more than ``head`` ids of support."""
+    V = rows.shape[1]
     top = torch.topk(rows, head, dim=-1, sorted=True).values  # (n, head) descending: a fixed summation order
     t = top[:, -1]  # (n,) the head-th largest probability (> 0: every row has a tail)
     mass = (rows.sum(-1, dtype=torch.float64) - top.sum(-1, dtype=torch.float64)).clamp(min=0)  # (n,)
