@@ -81,3 +81,16 @@ def test_the_console_script_is_the_tuned_entry_point():
     from specverify.cli import console_main, main
 
     assert callable(console_main) and callable(main)
+
+
+def test_an_endpoint_audit_keeps_the_default_allocator():
+    """The endpoint client's heap would only grow (its threads' replies lie between the blocks it frees):
+    every other command reuses large blocks, an endpoint audit does not."""
+    from specverify.cli.commands import build_parser, reuses_large_blocks
+
+    parser = build_parser()
+    endpoint = parser.parse_args(["audit", "--endpoint", "http://127.0.0.1:1", "--model", "m"])
+    decoder = parser.parse_args(["audit", "--decoder", "a:b", "--target", "c:d"])
+    assert not reuses_large_blocks(endpoint)
+    assert reuses_large_blocks(decoder)
+    assert reuses_large_blocks(parser.parse_args(["selftest"]))
