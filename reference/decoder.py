@@ -131,6 +131,14 @@ class _State:
             self.draft_cache.select(idx)
 
 
+def _outputs(state: _State, done: dict[int, torch.Tensor], B: int) -> list[torch.Tensor]:
+    """Every row's new tokens so far (at most ``max_new_tokens``); ``done`` keeps retired rows' outputs."""
+    T, N = state.prompt_len, state.max_new_tokens
+    for b, row in enumerate(state.rows.tolist()):
+        done[row] = state.seq[b, T : min(int(state.seq_len[b]), T + N)]
+    return [done[row] for row in range(B)]
+
+
 def _pack(seq: torch.Tensor, start: torch.Tensor, stop: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-align the ragged slices ``seq[b, start[b]:stop[b]]`` into (B, W); pad by repeating the last token."""
     count = stop - start  # (B,)
@@ -191,8 +199,15 @@ class SpeculativeDecoder(ChunkedGenerate):
         return TargetAdapter(self.target, self.sampling)
 
     # ---------------------------------------------------------------- public API (generate: ChunkedGenerate)
-    def generate_batch(self, prompts: torch.Tensor, max_new_tokens: int, *, generator: torch.Generator) -> DecodeResult:
-        """Decode ``max_new_tokens`` new tokens for every row of ``prompts`` (B, T)."""
+    def generate_batch(
+        self, prompts: torch.Tensor, max_new_tokens: int, *, generator: torch.Generator, on_step=None
+    ) -> DecodeResult:
+        """Decode ``max_new_tokens`` new tokens for every row of ``prompts`` (B, T).
+
+        ``on_step(outputs)``, if given, is called after every round with each row's new tokens so
+        far (a list of B one-dimensional tensors, at most ``max_new_tokens`` each): a server streams
+        or paces its replies with it; it never changes the tokens.
+        """
         max_new_tokens = validate_batch_args(prompts, max_new_tokens, generator, self.vocab_size, self.device)
         B, T = prompts.shape
         prompts = prompts.to(self.device).long()
@@ -204,8 +219,11 @@ class SpeculativeDecoder(ChunkedGenerate):
             self.target.new_cache(B, capacity=capacity),
             self.drafter.new_cache(B, capacity=capacity) if isinstance(self.drafter, TinyTransformer) else None,
         )
+        done: dict[int, torch.Tensor] = {}
         while state.rows.numel():
             self._round(state, generator)
+            if on_step is not None:
+                on_step(_outputs(state, done, B))
             self._retire(state)
         stats = DecodeStats(
             k=self.k,

@@ -249,8 +249,14 @@ class DirectSampler(ChunkedGenerate):
     def target_adapter(self) -> TargetAdapter:
         return TargetAdapter(self.target, self.sampling)
 
-    def generate_batch(self, prompts: torch.Tensor, max_new_tokens: int, *, generator: torch.Generator) -> torch.Tensor:
-        """``max_new_tokens`` new tokens for every row of ``prompts`` (B, T): (B, max_new_tokens) long."""
+    def generate_batch(
+        self, prompts: torch.Tensor, max_new_tokens: int, *, generator: torch.Generator, on_step=None
+    ) -> torch.Tensor:
+        """``max_new_tokens`` new tokens for every row of ``prompts`` (B, T): (B, max_new_tokens) long.
+
+        ``on_step(outputs)``, if given, is called after every token with each row's new tokens so
+        far (a list of B one-dimensional tensors), as :meth:`SpeculativeDecoder.generate_batch` does.
+        """
         max_new_tokens = validate_batch_args(prompts, max_new_tokens, generator, self.vocab_size, self.device)
         B, T = prompts.shape
         cache = self.target.new_cache(B, capacity=T + max_new_tokens)
@@ -266,6 +272,8 @@ class DirectSampler(ChunkedGenerate):
             token = sample(target_probs, generator=generator, check=False)  # (B,)
             seq[:, T + i] = token
             out.append(token)
+            if on_step is not None:
+                on_step(list(seq[:, T : T + i + 1]))
             if i + 1 < max_new_tokens:
                 logits = self.target(token[:, None], cache)[:, 0]  # (B, V)
         return torch.stack(out, dim=1)  # (B, max_new_tokens)

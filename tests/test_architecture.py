@@ -38,6 +38,7 @@ ALLOWED: dict[str, set[str]] = {
     "adapters": {"core", "protocols", "stats", "reference", "verifier"},
     "report": {"core", "stats", "measure"},
     "endpoint": {"core", "stats", "reference", "decoder", "mutants"},
+    "bench": {"core", "measure", "endpoint"},
     "selftest": {
         "core",
         "protocols",
@@ -66,6 +67,7 @@ ALLOWED: dict[str, set[str]] = {
         "report",
         "selftest",
         "endpoint",
+        "bench",
     },  # fmt: skip
     "specverify": {
         "core",
@@ -82,6 +84,7 @@ ALLOWED: dict[str, set[str]] = {
         "report",
         "selftest",
         "endpoint",
+        "bench",
         "cli",
     },  # fmt: skip
 }

@@ -255,9 +255,22 @@ class HttpClient:
         """POST ``body`` as JSON to ``path``; the decoded JSON reply (at most ``max_bytes`` of it)."""
         return self._request("POST", path, json.dumps(body).encode(), max_bytes=max_bytes)
 
+    def stream(self, path: str, body: dict, on_data, *, max_bytes: int) -> None:
+        """POST ``body`` as JSON to ``path``; the reply's body goes to ``on_data`` piece by piece as it arrives.
+
+        Never retried: a benchmark times the one exchange it sent.  Errors as :meth:`post`'s.
+        """
+        self._request("POST", path, json.dumps(body).encode(), max_bytes=max_bytes, retries=0, on_data=on_data)
+
     def get(self, path: str, *, retries: int | None = None, max_bytes: int = MODELS_REPLY_BYTES) -> Any:
         """GET ``path``; ``retries`` overrides the client's (a first contact should fail fast)."""
         return self._request("GET", path, None, max_bytes=max_bytes, retries=retries)
+
+    def get_text(self, path: str, *, max_bytes: int = MODELS_REPLY_BYTES) -> str:
+        """GET ``path`` once (no retry); its body as text (a Prometheus ``/metrics`` page), at most ``max_bytes``."""
+        parts: list[bytes] = []
+        self._request("GET", path, None, max_bytes=max_bytes, retries=0, on_data=parts.append)
+        return b"".join(parts).decode("utf-8", "replace")
 
     def abort(self) -> None:
         """Abandon every request in flight and refuse new ones (the audit is stopping)."""
@@ -292,7 +305,9 @@ class HttpClient:
             headers["Authorization"] = f"Bearer {key}"
         return headers
 
-    def _request(self, method: str, path: str, data: bytes | None, *, max_bytes: int, retries: int | None = None):
+    def _request(
+        self, method: str, path: str, data: bytes | None, *, max_bytes: int, retries: int | None = None, on_data=None
+    ):
         url = self.url(path)
         target = self._target(path)
         retries = self.limits.retries if retries is None else retries
@@ -301,7 +316,7 @@ class HttpClient:
             try:
                 reply = exchange(scheme=self.scheme, host=self.host, port=self.port, method=method, target=target,
                                  headers=self._headers(), body=data, limits=self.limits, max_bytes=max_bytes,
-                                 guard=self.guard, context=self.context)  # fmt: skip
+                                 guard=self.guard, context=self.context, on_data=on_data)  # fmt: skip
             except Cancelled:
                 raise EndpointError(f"{method} {url}: abandoned (the audit is stopping)") from None
             except TransportError as error:
@@ -327,6 +342,8 @@ class HttpClient:
                     delay = min(2 * delay, self.limits.max_backoff)
                     continue
                 raise EndpointError(f"{method} {url}: HTTP {status}: {message}", status=status, body=message)
+            if on_data is not None:
+                return None
             try:
                 return decode_json(reply.body, f"the reply to {method} {url} (HTTP {status})")
             except EndpointError as error:

@@ -17,7 +17,10 @@ client's retries); ``--batch-dependent`` plants a batch-composition fault (a req
 while another is in flight is sampled at temperature 1).  ``--misbehave KIND`` (after
 ``--misbehave-after N`` good replies) plays a hostile server's misbehaviour of
 :mod:`specverify.endpoint.hostile`, as does any request to ``/hostile/KIND/N/RUN/v1/...``;
-``--tls-cert FILE --tls-key FILE`` serves https.  ``POST /completion`` answers as llama.cpp's
+``--tls-cert FILE --tls-key FILE`` serves https.  ``--pace-pass S --pace-draft S`` hold every decoding
+step to a simulated accelerator's cost (:mod:`specverify.endpoint.localpace`), ``"stream": true``
+streams a reply's tokens as server-sent events as they are decoded, and ``GET /metrics`` counts
+drafts and accepted tokens under vLLM's Prometheus names.  ``POST /completion`` answers as llama.cpp's
 ``llama-server`` does (:mod:`specverify.endpoint.localnative`, llama.cpp's sampling law).  The first line printed is
 ``serving http(s)://127.0.0.1:PORT/v1 model NAME``.
 """
@@ -33,6 +36,7 @@ import secrets
 import ssl
 import sys
 import threading
+import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -43,10 +47,11 @@ from specverify.endpoint.api import STRUCTURED_FIELDS
 from specverify.endpoint.fidelity import MAX_TOP_LOGPROBS
 from specverify.endpoint.hostile import MISBEHAVIOURS, gzip_bomb, play, redirect_listing, targets
 from specverify.endpoint.localnative import NativeError, native_reply
+from specverify.endpoint.localpace import EventStream, Pace, SpecCounters, decode
 from specverify.endpoint.served_logprobs import LOGPROB_FAULTS, choice_logprobs
 from specverify.mutants.decoder import VISIBILITY, fault_visibility, make_decoder_mutant
 from specverify_reference.decoder import SpeculativeDecoder
-from specverify_reference.direct import DirectSampler
+from specverify_reference.direct import DirectSampler, rows_per_chunk
 from specverify_reference.grammar import Grammar, compiles
 from specverify_reference.models import make_pair
 from specverify_reference.processors import SamplingConfig
@@ -72,14 +77,22 @@ class CompletionServer:
         misbehave: str | None = None,
         misbehave_after: int = 0,
         logprob_fault: str | None = None,
+        pace: Pace = Pace(),
+        perfect_drafter: bool = False,
     ):
         self.model_name = model_name
         if logprob_fault is not None and logprob_fault not in LOGPROB_FAULTS:
             raise ValueError(f"--logprob-fault must be one of {', '.join(LOGPROB_FAULTS)}, got {logprob_fault!r}")
         self.logprob_fault = logprob_fault
         self.target, self.drafter = make_pair(vocab_size=vocab_size, seed=seed)
+        if perfect_drafter:  # the target drafts for itself: every draft is accepted (a known acceptance of 1)
+            self.drafter = self.target
+        self.perfect_drafter = perfect_drafter
         self.vocab_size = vocab_size
         self.k, self.speculation, self.mutant = k, speculation, mutant
+        self.pace = pace
+        self.counters = SpecCounters(k)
+        self.device = threading.Lock()  # a paced server computes one step at a time (localpace.decode)
         self.max_logprobs = max_logprobs
         self.flaky = flaky
         self.batch_dependent = batch_dependent
@@ -101,8 +114,11 @@ class CompletionServer:
             f"mutant {self.mutant}"
             if self.mutant
             else (f"speculative K={self.k}" if self.speculation else "no speculation")
+            + (", the target drafting for itself" if self.perfect_drafter and self.speculation else "")
         )
         line = f"{self.model_name} ({what}, V={self.vocab_size})"
+        if self.pace.on:
+            line += f"; paced: target pass {self.pace.pass_seconds:g} s, drafter pass {self.pace.draft_seconds:g} s"
         if self.mutant:
             seen = fault_visibility(self.mutant)
             line += f"; its fault shows with {seen.when}"
@@ -161,8 +177,9 @@ class CompletionServer:
             self._count += 1
             return bool(self.flaky) and self._count % self.flaky == 0
 
-    def complete(self, body: dict) -> dict:
-        """The reply to a completions request (raises _HttpError for a bad one)."""
+    def complete(self, body: dict, stream: EventStream | None = None) -> dict:
+        """The reply to a completions request (raises _HttpError for a bad one); with ``stream``, its
+        tokens go out as events while they are decoded."""
         if body.get("model") != self.model_name:
             raise _HttpError(404, f"The model `{body.get('model')}` does not exist.")
         prompt = body.get("prompt")
@@ -193,18 +210,34 @@ class CompletionServer:
                 raise _HttpError(
                     400, f"Requested prompt logprobs of {wanted}, which is greater than max allowed: {cap}"
                 )
+        one_batch = n <= rows_per_chunk(getattr(self.decoder(sampling), "max_batch", 1), self.vocab_size)
+        if stream is not None and (logprobs is not None or body.get("logprobs") is not None):
+            raise _HttpError(400, "this server does not stream logprobs")
+        if (stream is not None or self.pace.on) and not one_batch:
+            raise _HttpError(400, f"n = {n} rows do not fit one batch at V = {self.vocab_size}: not paced or streamed")
+        if stream is not None:
+            stream.open()  # the request is valid: its response starts before its first token
         with self._lock:
             self.in_flight += 1
             crowded = self.in_flight > 1
         try:
             if crowded and self.batch_dependent:  # the planted fault: batched requests lose their temperature
                 sampling = dataclasses.replace(sampling, temperature=1.0)
-            tokens = self.decoder(sampling).generate(
-                torch.tensor(prompt), num_samples=n, max_new_tokens=max_tokens, seed=seed
-            )  # (n, max_tokens)
+            decoder = self.decoder(sampling)
+            if one_batch:  # the same tokens as generate's one chunk, with the decoder's counters
+                step = self.pace.step_seconds(self.k if self.speculation or self.mutant else 0)
+                emit = None if stream is None else stream.choice
+                tokens, stats = decode(decoder, prompt, n=n, max_tokens=max_tokens, seed=seed, step_seconds=step,
+                                       emit=emit, counters=self.counters,
+                                       device=self.device if self.pace.on else None)  # fmt: skip
+            else:
+                tokens, stats = decoder.generate(torch.tensor(prompt), num_samples=n, max_new_tokens=max_tokens,
+                                                 seed=seed), None  # fmt: skip
+            # (n, max_tokens)
         finally:
             with self._lock:
                 self.in_flight -= 1
+        self.counters.add(tokens=n * max_tokens, stats=stats)
         prompt_logprobs = None if logprobs is None else self.prompt_logprobs(prompt, logprobs)
         reported: list[dict | None] = [None] * n
         if body.get("logprobs") is not None:
@@ -314,6 +347,7 @@ def _route(path: str) -> tuple[tuple | None, str]:
 def _handler(server: CompletionServer):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # a streamed event leaves when written (TCP_NODELAY), as servers stream
 
         def log_message(self, format, *args):  # quiet: an audit sends thousands of requests
             return
@@ -338,7 +372,14 @@ def _handler(server: CompletionServer):
             if route is not None and route[0] == "redirect" and route[1] == 0 and route[2] not in server.healed:
                 redirect_listing(self, server.collector_url)
                 return
-            if path.rstrip("/") == "/v1/models":
+            if path.rstrip("/") == "/metrics":
+                data = server.counters.prometheus(server.model_name, server.speculation or bool(server.mutant)).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            elif path.rstrip("/") == "/v1/models":
                 entry = {"id": server.model_name, "object": "model", **server.declaration()}
                 self._reply(200, {"object": "list", "data": [entry]})
             else:
@@ -367,10 +408,24 @@ def _handler(server: CompletionServer):
             except ValueError:
                 self._error(400, "the request body is not a JSON object")
                 return
+            stream = None
+            if not native and body.get("stream") is not None and body.get("stream") is not False:
+                if body.get("stream") is not True or route is not None:
+                    self._error(400, "stream must be true or false (and is not played by a hostile route)")
+                    return
+                stream = EventStream(self, reply_id=f"cmpl-{secrets.token_hex(8)}", model=server.model_name,
+                                     created=int(time.time()))  # fmt: skip
             try:
-                reply = native_reply(server, body) if native else server.complete(body)
+                reply = native_reply(server, body) if native else server.complete(body, stream)
             except (_HttpError, NativeError) as error:
+                if stream is not None and stream.started:
+                    raise  # the events already went out: the connection drops
                 self._error(error.status, str(error))
+                return
+            if stream is not None:
+                options = body.get("stream_options") or {}
+                usage = reply["usage"] if isinstance(options, dict) and options.get("include_usage") else None
+                stream.finish(len(reply["choices"]), usage)
                 return
             misbehaviour, count = server.misbehaviour(route, body)
             if misbehaviour is None:
@@ -472,7 +527,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="a planted fault: a request handled while another is in flight is sampled at temperature 1",
     )
+    parser.add_argument("--pace-pass", type=float, default=0.0, metavar="SECONDS",
+                        help="simulated cost of a target pass (specverify.endpoint.localpace; 0: none)")  # fmt: skip
+    parser.add_argument("--pace-draft", type=float, default=0.0, metavar="SECONDS",
+                        help="simulated cost of a drafter pass (one draft token)")  # fmt: skip
+    parser.add_argument("--perfect-drafter", action="store_true",
+                        help="the target drafts for itself (every draft accepted: a benchmark's known answer)")  # fmt: skip
     args = parser.parse_args(argv)
+    try:
+        pace = Pace(args.pace_pass, args.pace_draft)
+    except SpecVerifyError as error:
+        parser.error(str(error))
     torch.set_num_threads(1)
     httpd, model = make_server(
         args.port,
@@ -488,6 +553,8 @@ def main(argv: list[str] | None = None) -> int:
         misbehave=args.misbehave,
         misbehave_after=args.misbehave_after,
         logprob_fault=args.logprob_fault,
+        pace=pace,
+        perfect_drafter=args.perfect_drafter,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
     )

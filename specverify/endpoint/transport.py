@@ -182,8 +182,14 @@ def exchange(
     max_bytes: int,
     guard: SocketGuard,
     context: ssl.SSLContext | None = None,
+    on_data=None,
 ) -> Reply:
-    """One request and its reply under ``limits`` (see the module docstring); :class:`TransportError` otherwise."""
+    """One request and its reply under ``limits`` (see the module docstring); :class:`TransportError` otherwise.
+
+    ``on_data(piece)``, if given, receives a successful reply's body as it arrives (each piece as
+    soon as the socket yields it, for a streamed reply's timing) instead of the reply holding it;
+    ``max_bytes`` still bounds the whole body.
+    """
     if guard.aborted.is_set():
         raise Cancelled()
     started = time.monotonic()
@@ -232,8 +238,8 @@ def exchange(
                     f"{_size(max_bytes)} this request's reply may hold",
                     transient=False,
                 )
-            data = _read_body(response, max_bytes, truncate=False)
-            if declared is not None and declared.strip().isdigit() and len(data) != int(declared):
+            data = _read_body(response, max_bytes, truncate=False, on_data=on_data)
+            if on_data is None and declared is not None and declared.strip().isdigit() and len(data) != int(declared):
                 raise http.client.IncompleteRead(data, int(declared) - len(data))
         if guard.expired(token) or guard.aborted.is_set():  # the body ended because the guard shut the socket
             raise OSError("shut down by the guard")
@@ -269,16 +275,21 @@ def exchange(
             pass
 
 
-def _read_body(response: http.client.HTTPResponse, limit: int, *, truncate: bool) -> bytes:
-    """At most ``limit`` bytes of the body (``truncate``: keep the first ``limit``; else refuse more)."""
+def _read_body(response: http.client.HTTPResponse, limit: int, *, truncate: bool, on_data=None) -> bytes:
+    """At most ``limit`` bytes of the body (``truncate``: keep the first ``limit``; else refuse more);
+    with ``on_data``, each piece goes to it as soon as it arrives (``read1``) and none is kept."""
     parts: list[bytes] = []
     got = 0
     while True:
-        chunk = response.read(min(READ_CHUNK, limit + 1 - got))
+        size = min(READ_CHUNK, limit + 1 - got)
+        chunk = response.read(size) if on_data is None else response.read1(size)
         if not chunk:
             break
-        parts.append(chunk)
         got += len(chunk)
+        if on_data is not None and got <= limit:
+            on_data(chunk)
+            continue
+        parts.append(chunk)
         if got > limit:
             if truncate:
                 return b"".join(parts)[:limit]

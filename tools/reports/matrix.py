@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import shlex
 from pathlib import Path
+
+from specverify.bench.output import median_detectable_tv
 
 __all__ = ["ENGINES", "matrix_rows", "render_matrix", "update_readme"]
 
@@ -43,8 +44,8 @@ START, END = "<!-- engine-matrix:start -->", "<!-- engine-matrix:end -->"
 
 
 def _median_tv(results: list) -> str:
-    tvs = sorted(r["mde_tv"] for r in results if isinstance(r.get("mde_tv"), float) and math.isfinite(r["mde_tv"]))
-    return f"{tvs[len(tvs) // 2]:.3g}" if tvs else "n/a"
+    tv = median_detectable_tv(results)
+    return "n/a" if tv is None else f"{tv:.3g}"
 
 
 def _options(report: dict) -> str:

@@ -1,0 +1,131 @@
+"""Speculative-decoding counters as engines expose them: drafts, draft tokens, acceptances by position.
+
+* vLLM (and the local server) publish Prometheus counters at ``GET /metrics``:
+  ``vllm:spec_decode_num_drafts_total`` (verification steps, one per sequence and step),
+  ``..._num_draft_tokens_total``, ``..._num_accepted_tokens_total`` and
+  ``..._num_accepted_tokens_per_pos_total{position="i"}`` (0-based).  Label sets (engines,
+  models) are summed.
+* llama.cpp's ``llama-server`` reports ``timings.draft_n`` and ``timings.draft_n_accepted`` in
+  each reply: draft tokens and accepted ones, no drafts and no positions.
+* The in-process reference decoders return a ``DecodeStats`` (rounds per row, drafted and
+  accepted per position).
+
+A :class:`SpecCounts` is a cumulative snapshot; the difference of two snapshots counts what
+happened between them.  Mean acceptance length is vLLM's: ``1 + accepted / drafts`` tokens per
+verification step (the bonus or residual token included); acceptance at position ``i`` is
+``accepted_per_pos[i] / drafts``, the share of steps whose draft ``i`` was accepted.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+__all__ = ["SpecCounts", "parse_prometheus", "from_prometheus"]
+
+_PREFIX = "vllm:spec_decode_"
+_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+_POSITION = re.compile(r'position="(\d+)"')
+
+
+@dataclass(frozen=True)
+class SpecCounts:
+    """Cumulative counters (None where the engine does not expose one)."""
+
+    drafts: int | None = None
+    draft_tokens: int | None = None
+    accepted: int | None = None
+    accepted_per_pos: tuple[int, ...] = ()
+
+    def __sub__(self, earlier: SpecCounts) -> SpecCounts:
+        def minus(a, b):
+            return None if a is None or b is None else a - b
+
+        per_pos = tuple(a - (earlier.accepted_per_pos[i] if i < len(earlier.accepted_per_pos) else 0)
+                        for i, a in enumerate(self.accepted_per_pos))  # fmt: skip
+        return SpecCounts(minus(self.drafts, earlier.drafts), minus(self.draft_tokens, earlier.draft_tokens),
+                          minus(self.accepted, earlier.accepted), per_pos)  # fmt: skip
+
+    def __add__(self, other: SpecCounts) -> SpecCounts:
+        def plus(a, b):
+            return None if a is None or b is None else a + b
+
+        width = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
+        per_pos = tuple(
+            (self.accepted_per_pos[i] if i < len(self.accepted_per_pos) else 0)
+            + (other.accepted_per_pos[i] if i < len(other.accepted_per_pos) else 0)
+            for i in range(width)
+        )
+        return SpecCounts(plus(self.drafts, other.drafts), plus(self.draft_tokens, other.draft_tokens),
+                          plus(self.accepted, other.accepted), per_pos)  # fmt: skip
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """Tokens per verification step, ``1 + accepted / drafts`` (None without drafts)."""
+        if not self.drafts or self.accepted is None:
+            return None
+        return 1.0 + self.accepted / self.drafts
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted draft tokens over proposed ones (None without draft tokens)."""
+        if not self.draft_tokens or self.accepted is None:
+            return None
+        return self.accepted / self.draft_tokens
+
+    @property
+    def acceptance_by_position(self) -> tuple[float, ...]:
+        """Share of verification steps whose draft at position ``i`` was accepted (empty when unknown)."""
+        if not self.drafts or not self.accepted_per_pos:
+            return ()
+        return tuple(a / self.drafts for a in self.accepted_per_pos)
+
+    def as_dict(self) -> dict:
+        return {
+            "drafts": self.drafts,
+            "draft_tokens": self.draft_tokens,
+            "accepted": self.accepted,
+            "accepted_per_pos": list(self.accepted_per_pos),
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "acceptance_rate": self.acceptance_rate,
+            "acceptance_by_position": list(self.acceptance_by_position),
+        }
+
+
+def parse_prometheus(text: str) -> dict[str, list[tuple[str, float]]]:
+    """Prometheus text format -> {metric name: [(labels text, value), ...]} (comments and bad lines skipped)."""
+    metrics: dict[str, list[tuple[str, float]]] = {}
+    for line in text.splitlines():
+        match = _LINE.match(line)
+        if match is None or line.startswith("#"):
+            continue
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            metrics.setdefault(match.group(1), []).append((match.group(2) or "", value))
+    return metrics
+
+
+def from_prometheus(text: str) -> SpecCounts | None:
+    """vLLM's spec-decode counters from a ``/metrics`` page; None when it has none (no speculation)."""
+    metrics = parse_prometheus(text)
+
+    def total(name: str) -> int | None:
+        entries = metrics.get(f"{_PREFIX}{name}_total")
+        return None if entries is None else int(round(sum(v for _, v in entries)))
+
+    drafts = total("num_drafts")
+    if drafts is None:
+        return None
+    per_pos: dict[int, float] = {}
+    for labels, value in metrics.get(f"{_PREFIX}num_accepted_tokens_per_pos_total", []):
+        found = _POSITION.search(labels)
+        if found is not None:
+            position = int(found.group(1))
+            per_pos[position] = per_pos.get(position, 0.0) + value
+    width = max(per_pos) + 1 if per_pos and max(per_pos) < 64 else 0
+    return SpecCounts(drafts, total("num_draft_tokens"), total("num_accepted_tokens"),
+                      tuple(int(round(per_pos.get(i, 0.0))) for i in range(width)))  # fmt: skip
