@@ -130,6 +130,8 @@ def test_prometheus_counters_sum_label_sets_and_differences_count_between_snapsh
     assert counts.acceptance_by_position == (14 / 16, 6 / 16)
     assert counts - SpecCounts(6, 18, 5, (4, 1)) == SpecCounts(10, 30, 15, (10, 5))
     assert from_prometheus("vllm:generation_tokens_total 5\n") is None  # a server that does not speculate
+    llama = page.replace("vllm:", "llamacpp:").replace('engine="1"', 'engine="0"')  # llama-server --metrics
+    assert from_prometheus(llama) == SpecCounts(16, 48, 20, (14, 6))
     assert conditional_rates(counts) == [14 / 16, 6 / 14]
 
 

@@ -1,12 +1,14 @@
 """Speculative-decoding counters as engines expose them: drafts, draft tokens, acceptances by position.
 
-* vLLM (and the local server) publish Prometheus counters at ``GET /metrics``:
+* vLLM (and the local server) publish Prometheus counters at ``GET /metrics``, and so does
+  llama.cpp's ``llama-server`` started with ``--metrics`` (prefix ``llamacpp:`` for ``vllm:``):
   ``vllm:spec_decode_num_drafts_total`` (verification steps, one per sequence and step),
   ``..._num_draft_tokens_total``, ``..._num_accepted_tokens_total`` and
   ``..._num_accepted_tokens_per_pos_total{position="i"}`` (0-based).  Label sets (engines,
   models) are summed.
-* llama.cpp's ``llama-server`` reports ``timings.draft_n`` and ``timings.draft_n_accepted`` in
-  each reply: draft tokens and accepted ones, no drafts and no positions.
+* without ``--metrics``, ``llama-server`` still reports ``timings.draft_n`` and
+  ``timings.draft_n_accepted`` in each reply: draft tokens and accepted ones, no drafts and no
+  positions.
 * The in-process reference decoders return a ``DecodeStats`` (rounds per row, drafted and
   accepted per position).
 
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 
 __all__ = ["SpecCounts", "parse_prometheus", "from_prometheus"]
 
-_PREFIX = "vllm:spec_decode_"
+_PREFIXES = ("vllm:spec_decode_", "llamacpp:spec_decode_")
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _POSITION = re.compile(r'position="(\d+)"')
 
@@ -110,18 +112,20 @@ def parse_prometheus(text: str) -> dict[str, list[tuple[str, float]]]:
 
 
 def from_prometheus(text: str) -> SpecCounts | None:
-    """vLLM's spec-decode counters from a ``/metrics`` page; None when it has none (no speculation)."""
+    """The spec-decode counters of a ``/metrics`` page (vLLM's or llama-server's names); None when it has
+    none (no speculation)."""
     metrics = parse_prometheus(text)
+    prefix = next((p for p in _PREFIXES if f"{p}num_drafts_total" in metrics), None)
+    if prefix is None:
+        return None
 
     def total(name: str) -> int | None:
-        entries = metrics.get(f"{_PREFIX}{name}_total")
+        entries = metrics.get(f"{prefix}{name}_total")
         return None if entries is None else int(round(sum(v for _, v in entries)))
 
     drafts = total("num_drafts")
-    if drafts is None:
-        return None
     per_pos: dict[int, float] = {}
-    for labels, value in metrics.get(f"{_PREFIX}num_accepted_tokens_per_pos_total", []):
+    for labels, value in metrics.get(f"{prefix}num_accepted_tokens_per_pos_total", []):
         found = _POSITION.search(labels)
         if found is not None:
             position = int(found.group(1))

@@ -167,8 +167,14 @@ class BenchReport:
             cells = [level.speedups[n].text() if n in level.speedups else "n/a" for n in SPEEDUPS]
             counts = level.counters
             length = None if counts is None else counts.mean_acceptance_length
+            rate = None if counts is None else counts.acceptance_rate
             by_pos = "" if counts is None else ", ".join(f"{a:.2f}" for a in counts.acceptance_by_position)
-            accept = f"{length:.2f}" if length is not None else f"unavailable ({level.counters_note or 'no counters'})"
+            if length is not None:
+                accept = f"{length:.2f}"
+            elif rate is not None:
+                accept = f"acceptance rate {rate:.2f} (no verification steps reported)"
+            else:
+                accept = f"unavailable ({level.counters_note or 'no counters'})"
             saved = level.saved_ms.text(1)
             lines.append(
                 f"| {level.concurrency} | " + " | ".join(cells) + f" | {saved} | {accept} | {by_pos or 'n/a'} |"

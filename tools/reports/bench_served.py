@@ -100,8 +100,8 @@ def _servers(config: BenchConfig, *, port: int, binary: str, models, scratch: Pa
         return [(spec, scratch / "server.log", port), (base, scratch / "baseline.log", port + 1)], VLLM_MODEL
     from tools.reports.llamaserver_served import MODEL, ServedLlama, serve_argv
 
-    spec_argv = serve_argv(ServedLlama(config.name, config.what, config.spec), binary, *models, port=port)
-    base_argv = serve_argv(ServedLlama(config.name, config.what, None), binary, *models, port=port + 1)
+    spec_argv = [*serve_argv(ServedLlama(config.name, config.what, config.spec), binary, *models, port=port), "--metrics"]
+    base_argv = [*serve_argv(ServedLlama(config.name, config.what, None), binary, *models, port=port + 1), "--metrics"]
     return [(spec_argv, scratch / "server.log", port), (base_argv, scratch / "baseline.log", port + 1)], MODEL
 
 
