@@ -41,7 +41,6 @@ from specverify.endpoint.api import (
     Sampling,
     completion_body,
     continuations,
-    densify,
     processed_laws,
     prompt_logprob_rows,
     prompt_logprob_tops,
@@ -412,17 +411,20 @@ class EndpointTarget:
         self.requests += len(requests)
         return self.fetcher.fetch(requests, what=what) if requests else []
 
-    def _row(self, prefix: tuple) -> np.ndarray:
-        law = self.raw[prefix]
-        return densify(law[0], law[1], self.vocab_size) if isinstance(law, tuple) else law  # type: ignore[arg-type]
-
     def _laws(self, prefixes: list[tuple], prompt_len: int) -> torch.Tensor:
         """The processed laws after ``prefixes``, whose first ``prompt_len`` tokens are the prompt."""
         self.laws_asked += len(prefixes)
         self._ensure(prefixes)
         if self.top is not None:
             self._resolve(prefixes, prompt_len)
-        raw = np.stack([self._row(p) for p in prefixes])  # (B, V)
+        assert self.vocab_size is not None  # _ensure read it from the first law
+        raw = np.full((len(prefixes), self.vocab_size), -math.inf)  # (B, V), filled in place: no row copies
+        for i, prefix in enumerate(prefixes):
+            law = self.raw[prefix]
+            if isinstance(law, tuple):
+                raw[i, law[0]] = law[1]
+            else:
+                raw[i] = law
         if self.banned.size:
             raw[:, self.banned] = -math.inf
         history = _history(prefixes, prompt_len) if self.sampling.config().needs_history else None
