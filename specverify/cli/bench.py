@@ -28,7 +28,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from specverify.cli.argtypes import nonnegative_int, positive_float, positive_int, probability
+from specverify.cli.argtypes import nonnegative_float, nonnegative_int, positive_float, positive_int, probability
 from specverify.core.errors import InvalidArgument
 from specverify.core.loading import parse_options
 
@@ -76,7 +76,8 @@ def add_parser(subparsers):
     answers.add_argument("--accelerator", default="H100 SXM", help="the cost model's accelerator name")
     answers.add_argument("--bandwidth", type=positive_float, default=3.35e12, metavar="B/S", help="bytes per second")
     answers.add_argument("--target-params", type=positive_float, default=8e9, metavar="N")
-    answers.add_argument("--draft-params", type=positive_float, default=1e9, metavar="N")
+    answers.add_argument("--draft-params", type=nonnegative_float, default=1e9, metavar="N",
+                         help="the drafter's parameters (0: an n-gram drafter)")  # fmt: skip
     answers.add_argument("--bytes-per-param", type=positive_float, default=2.0)
     parser.add_argument("--out", metavar="DIR", help="write bench.json, bench.md and bench.html")
     parser.add_argument("--json", action="store_true", help="print the JSON report")

@@ -100,7 +100,10 @@ def _servers(config: BenchConfig, *, port: int, binary: str, models, scratch: Pa
         return [(spec, scratch / "server.log", port), (base, scratch / "baseline.log", port + 1)], VLLM_MODEL
     from tools.reports.llamaserver_served import MODEL, ServedLlama, serve_argv
 
-    spec_argv = [*serve_argv(ServedLlama(config.name, config.what, config.spec), binary, *models, port=port), "--metrics"]
+    spec_argv = [
+        *serve_argv(ServedLlama(config.name, config.what, config.spec), binary, *models, port=port),
+        "--metrics",
+    ]
     base_argv = [*serve_argv(ServedLlama(config.name, config.what, None), binary, *models, port=port + 1), "--metrics"]
     return [(spec_argv, scratch / "server.log", port), (base_argv, scratch / "baseline.log", port + 1)], MODEL
 
@@ -125,12 +128,15 @@ def run_config(config: BenchConfig, *, out: Path, reports: Path, scratch: Path, 
     started = time.perf_counter()
     try:
         if config.kind == "local":  # its audit: the same server unpaced (the pace never changes a token)
-            audit = ["python", "-m", "specverify.endpoint.localserver", "--port", str(port + 2), *LOCAL_PACE[-2:]]
+            audit = ["python", "-m", "specverify.endpoint.localserver", "--port", str(port + 2), *LOCAL_PACE[-2:],
+                     "--max-logprobs", "-1"]  # fmt: skip
             audit_argv = ["audit", "--endpoint", base_url(port + 2) + "/v1", "--model", model, "--tier", "smoke",
                           "--seed", "0", "--out", str(dest / "audit"), "--no-plots"]  # fmt: skip
             record["audit_command"] = "specverify " + shlex.join(audit_argv)
             with Server(audit, log=work / "audit.log", port=port + 2, ready_timeout=120.0, env={}, model=model):
                 record["audit_status"] = cli(audit_argv)
+            for name in ("samples.jsonl", "samples.jsonl.lock"):  # the store (22 MB) is not committed
+                (dest / "audit" / name).unlink(missing_ok=True)
         with contextlib.ExitStack() as stack:
             for command, log, at in servers:
                 env: dict | None = None if config.kind == "vllm" else {}  # vLLM's: its CPU KV-cache size
@@ -186,7 +192,10 @@ def render_table(out: Path, configs=CONFIGS) -> str:
         "interval, `specverify bench`, 32 tokens per reply); the verdict and the median detectable TV are the "
         "configuration's committed audit. On this 2-core CPU every engine is compute bound, so its speedups "
         "are what a CPU gives; the paced local server is the known answer (docs/bench.md). The prediction is "
-        "the cost model's from the measured acceptance, for the accelerator and model sizes in its bench.md.",
+        "the cost model's from the measured acceptance, for the accelerator and model sizes in its bench.md. "
+        "vLLM's rows cite the audits of the same configurations, which end in ERROR (the speculative servers "
+        "ignore a request's seed: the determinism check); their law-only audits (`vllm/served/*_skip_determinism`) "
+        "FAIL on vLLM-CPU's `expand_batch_to_tokens` fault (vllm#55005, reports/vllm/served/README.md).",
         "",
         "| engine | configuration | what | verdict | detectable TV | speedup c=1 | speedup c=16 | acceptance | "
         "predicted speedup |",
