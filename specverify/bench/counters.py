@@ -41,26 +41,10 @@ class SpecCounts:
     accepted_per_pos: tuple[int, ...] = ()
 
     def __sub__(self, earlier: SpecCounts) -> SpecCounts:
-        def minus(a, b):
-            return None if a is None or b is None else a - b
-
-        per_pos = tuple(a - (earlier.accepted_per_pos[i] if i < len(earlier.accepted_per_pos) else 0)
-                        for i, a in enumerate(self.accepted_per_pos))  # fmt: skip
-        return SpecCounts(minus(self.drafts, earlier.drafts), minus(self.draft_tokens, earlier.draft_tokens),
-                          minus(self.accepted, earlier.accepted), per_pos)  # fmt: skip
+        return _combine(self, earlier, -1)
 
     def __add__(self, other: SpecCounts) -> SpecCounts:
-        def plus(a, b):
-            return None if a is None or b is None else a + b
-
-        width = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
-        per_pos = tuple(
-            (self.accepted_per_pos[i] if i < len(self.accepted_per_pos) else 0)
-            + (other.accepted_per_pos[i] if i < len(other.accepted_per_pos) else 0)
-            for i in range(width)
-        )
-        return SpecCounts(plus(self.drafts, other.drafts), plus(self.draft_tokens, other.draft_tokens),
-                          plus(self.accepted, other.accepted), per_pos)  # fmt: skip
+        return _combine(self, other, 1)
 
     @property
     def mean_acceptance_length(self) -> float | None:
@@ -93,6 +77,19 @@ class SpecCounts:
             "acceptance_rate": self.acceptance_rate,
             "acceptance_by_position": list(self.acceptance_by_position),
         }
+
+
+def _combine(a: SpecCounts, b: SpecCounts, sign: int) -> SpecCounts:
+    """``a + sign * b``, field by field (None where either lacks a counter; positions padded with 0)."""
+
+    def combine(x, y):
+        return None if x is None or y is None else x + sign * y
+
+    width = max(len(a.accepted_per_pos), len(b.accepted_per_pos))
+    pad_a = (*a.accepted_per_pos, *(0,) * (width - len(a.accepted_per_pos)))
+    pad_b = (*b.accepted_per_pos, *(0,) * (width - len(b.accepted_per_pos)))
+    return SpecCounts(combine(a.drafts, b.drafts), combine(a.draft_tokens, b.draft_tokens),
+                      combine(a.accepted, b.accepted), tuple(x + sign * y for x, y in zip(pad_a, pad_b)))  # fmt: skip
 
 
 def parse_prometheus(text: str) -> dict[str, list[tuple[str, float]]]:

@@ -13,7 +13,7 @@ saying why not.
   The first token's time is the arrival of the first event that carries text or token ids; the
   token count is the usage's ``completion_tokens`` (else the token ids' count).  The server is
   untrusted: a reply is bounded in bytes (:data:`REPLY_BYTES`) and time (the client's limits),
-  an event in bytes (:data:`EVENT_BYTES`).  Counters: ``GET /metrics`` (vLLM's names), else the
+  an event in bytes (:data:`EVENT_BYTES`).  Counters: ``GET /metrics`` (vLLM's or llama-server's names), else the
   replies' ``timings.draft_n`` / ``draft_n_accepted`` (llama-server).
 * :class:`DecoderSubject`: a decoder object with ``generate_batch(prompts, max_new_tokens, *,
   generator[, on_step])`` (the reference decoders and the adapters built on them): the first
@@ -64,6 +64,11 @@ class Timing:
         if self.first_token is None or self.last_token is None or self.tokens < 2:
             return None
         return (self.last_token - self.first_token) / (self.tokens - 1)
+
+
+def _first_last(arrivals: list[float], latency: float, tokens: int) -> tuple:
+    """Timing's fields from the token arrivals (seconds after the request): first, end, tokens, last."""
+    return (arrivals[0] if arrivals else None, latency, tokens, arrivals[-1] if arrivals else None)
 
 
 class EventReader:
@@ -124,6 +129,7 @@ class EndpointSubject:
         self._timings = SpecCounts(drafts=None, draft_tokens=0, accepted=0)
         self._timed = False
         self._metrics: bool | None = None
+        self._metrics_note = ""
         self.counters_note = ""
 
     def request(self, prompt: list[int] | str, index: int) -> Timing:
@@ -131,7 +137,7 @@ class EndpointSubject:
                 "stream_options": {"include_usage": True}, "ignore_eos": True, "return_token_ids": True,
                 "seed": derive_seed(self.seed, index), **self.sampling}  # fmt: skip
         reader = EventReader()
-        first: list[float] = []
+        arrivals: list[float] = []  # when each event that carried tokens arrived
         state = {"ids": 0, "usage": None, "done": False, "timings": None}
         started = time.perf_counter()
 
@@ -140,7 +146,7 @@ class EndpointSubject:
                 if payload.strip() == "[DONE]":
                     state["done"] = True
                     continue
-                self._event(payload, state, first, started)
+                self._event(payload, state, arrivals, started)
 
         self.client.stream("completions", body, on_data, max_bytes=self.reply_bytes)
         latency = time.perf_counter() - started
@@ -158,9 +164,9 @@ class EndpointSubject:
             with self._lock:
                 self._timings = self._timings + state["timings"]
                 self._timed = True
-        return Timing(first[0] if first else None, latency, int(tokens), first[-1] if first else None)
+        return Timing(*_first_last(arrivals, latency, int(tokens)))
 
-    def _event(self, payload: str, state: dict, first: list[float], started: float) -> None:
+    def _event(self, payload: str, state: dict, arrivals: list[float], started: float) -> None:
         try:
             event = json.loads(payload)
         except ValueError:
@@ -176,7 +182,7 @@ class EndpointSubject:
             if isinstance(ids, list):
                 state["ids"] += len(ids)
             if choice.get("text") or ids:
-                first.append(time.perf_counter() - started)
+                arrivals.append(time.perf_counter() - started)
         usage = event.get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
             state["usage"] = usage["completion_tokens"]
@@ -188,19 +194,20 @@ class EndpointSubject:
     def counters(self) -> SpecCounts | None:
         """``GET /metrics`` (vLLM's names) if the server has it, else the replies' llama-server timings."""
         if self._metrics is not False:
+            why = "its /metrics page has no spec_decode counters"
             try:
                 counts = from_prometheus(self.client.get_text("/metrics", max_bytes=METRICS_BYTES))
             except EndpointError as error:
-                counts, self.counters_note = None, f"GET /metrics: {error}"
+                counts, why = None, f"GET /metrics: {error}"
             if counts is not None:
                 self._metrics = True
                 return counts
             self._metrics = False
-            self.counters_note = self.counters_note or "its /metrics page has no vllm:spec_decode counters"
+            self._metrics_note = why
         with self._lock:
             if self._timed:
                 return self._timings
-        self.counters_note += "; no llama-server draft timings in its replies"
+        self.counters_note = f"{self._metrics_note}; no llama-server draft timings in its replies"
         return None
 
 
@@ -231,7 +238,7 @@ class DecoderSubject:
         if isinstance(prompt, str):
             raise InvalidArgument("an in-process decoder takes token-id prompts, got text")
         seed = derive_seed(self.seed, index)
-        first: list[float] = []  # when each step that emitted tokens ended
+        arrivals: list[float] = []  # when each step that emitted tokens ended
         count = [0]
         started = time.perf_counter()
         batch = getattr(self.decoder, "generate_batch", None)
@@ -243,7 +250,7 @@ class DecoderSubject:
 
         def on_step(outputs) -> None:
             if outputs[0].numel() > count[0]:
-                first.append(time.perf_counter() - started)
+                arrivals.append(time.perf_counter() - started)
                 count[0] = outputs[0].numel()
 
         generator = torch.Generator(device=getattr(self.decoder, "device", "cpu")).manual_seed(seed)
@@ -258,7 +265,7 @@ class DecoderSubject:
             with self._lock:
                 self._counts = counts if self._counts is None else self._counts + counts
         tokens = getattr(result, "tokens", result)
-        return Timing(first[0] if first else None, latency, int(tokens.shape[-1]), first[-1] if first else None)
+        return Timing(*_first_last(arrivals, latency, int(tokens.shape[-1])))
 
     def counters(self) -> SpecCounts | None:
         with self._lock:

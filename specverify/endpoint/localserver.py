@@ -233,7 +233,6 @@ class CompletionServer:
             else:
                 tokens, stats = decoder.generate(torch.tensor(prompt), num_samples=n, max_new_tokens=max_tokens,
                                                  seed=seed), None  # fmt: skip
-            # (n, max_tokens)
         finally:
             with self._lock:
                 self.in_flight -= 1
